@@ -1,0 +1,47 @@
+# MARA: each target builds on the files the previous one writes.
+# PROFILE selects experiments/profiles/<name>.toml (smoke | default | paper).
+PROFILE ?= default
+VENV    := .venv
+PY      := $(VENV)/bin/python
+MARA    := $(VENV)/bin/mara
+BANK    := data/banks/$(PROFILE).parquet
+EVAL    := reports/$(PROFILE)/evaluation
+
+.PHONY: setup test lint curves evaluate bench mlflow-ui clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned to the CPU wheel that pip finds locally; install it first so
+# nothing else pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check mara_fm mara_env mara_rl experiments tests
+
+test: lint
+	$(PY) -m pytest -q
+
+curves: $(BANK)
+$(BANK): $(VENV)/.installed
+	$(MARA) curves --profile $(PROFILE) --out $@
+
+evaluate: $(EVAL)/results.json
+$(EVAL)/results.json: $(BANK)
+	$(MARA) evaluate --profile $(PROFILE) --bank $(BANK) --methods fifo,edf,lara,oracle \
+		--task-set id,rl_ood,vit_ood --load 0.04 --out $(EVAL)
+	$(MARA) evaluate --profile $(PROFILE) --bank $(BANK) --methods fifo,edf,lara,oracle \
+		--task-set id --scenario stress --out $(EVAL)/stress
+
+bench: $(BANK)
+	$(MARA) bench --profile $(PROFILE) --bank $(BANK)
+
+mlflow-ui: setup
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf reports/$(PROFILE) data/episodes

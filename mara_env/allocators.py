@@ -1,0 +1,94 @@
+"""Non-learned allocators (DESIGN §6): FIFO, EDF and LARA.
+
+Each maps a `SlotView` to a valid joint action (slot j is action j+1, each
+slot picked by at most one node). The Oracle bound is not an allocator: it
+is computed per episode by `mara_env.workload.oracle_successes`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from mara_env.env import SlotView
+from mara_fm.predictors import WARMUP_POINTS
+
+
+def joint_action(slots: list[int], n_nodes: int) -> np.ndarray:
+    """Nodes take `slots` in order; the rest idle."""
+    action = np.zeros(n_nodes, np.int64)
+    chosen = slots[:n_nodes]
+    action[: len(chosen)] = np.asarray(chosen, np.int64) + 1
+    return action
+
+
+class Allocator(ABC):
+    name: str
+
+    @abstractmethod
+    def act(self, view: SlotView) -> np.ndarray:
+        """The joint action for this step."""
+
+
+class FIFO(Allocator):
+    """Serve the N earliest-arrived active tasks."""
+
+    name = "fifo"
+
+    def act(self, view: SlotView) -> np.ndarray:
+        slots = np.flatnonzero(view.present)
+        order = slots[np.lexsort((slots, view.arrival[slots]))]
+        return joint_action(order.tolist(), view.n_nodes)
+
+
+class EDF(Allocator):
+    """Serve the N active tasks with the earliest deadlines."""
+
+    name = "edf"
+
+    def act(self, view: SlotView) -> np.ndarray:
+        slots = np.flatnonzero(view.present)
+        order = slots[np.lexsort((view.arrival[slots], view.deadline[slots]))]
+        return joint_action(order.tolist(), view.n_nodes)
+
+
+class LARA(Allocator):
+    """Predict demand, keep the largest set that can meet its deadlines, serve it EDF.
+
+    1. Tasks still in warm-up (< 4 observations) are served first, EDF.
+    2. Tasks whose predicted demand exceeds their remaining time are dropped.
+    3. Moore–Hodgson on N parallel nodes: walk the rest in EDF order; when
+       the cumulative demand up to a deadline D exceeds N·(D − t), remove the
+       largest-demand task kept so far. The kept set is served EDF.
+    4. Work-conserving: nodes left over go to the remaining tasks, smallest
+       predicted shortfall (demand − time left) first.
+    The demand estimates come from the env's predictor (WLS for LARA, FM for
+    LARA-FM), so the same class serves both.
+    """
+
+    name = "lara"
+
+    def act(self, view: SlotView) -> np.ndarray:
+        slots = np.flatnonzero(view.present)
+        edf = slots[np.lexsort((view.arrival[slots], view.deadline[slots]))]
+        warm = [s for s in edf if view.observed[s] < WARMUP_POINTS]
+        rest = [s for s in edf if view.observed[s] >= WARMUP_POINTS]
+        time_left = view.deadline - view.t
+        demand = np.maximum(view.predicted, 1.0)
+        candidates = [s for s in rest if demand[s] <= time_left[s]]
+        kept: list[int] = []
+        load = 0.0
+        for s in candidates:  # already in EDF order
+            kept.append(s)
+            load += demand[s]
+            if load > view.n_nodes * time_left[s]:
+                worst = max(kept, key=lambda k: demand[k])
+                kept.remove(worst)
+                load -= demand[worst]
+        chosen = warm + kept
+        leftover = sorted((s for s in rest if s not in kept), key=lambda s: (demand[s] - time_left[s], s))
+        return joint_action(chosen + leftover, view.n_nodes)
+
+
+ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in (FIFO, EDF, LARA)}

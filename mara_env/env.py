@@ -1,0 +1,354 @@
+"""The multi-node scheduling simulator (DESIGN §3–§4) as a Gymnasium env.
+
+Time is discrete. In one step each of N identical nodes serves at most one
+active task for one optimisation batch, which reveals one more point of that
+task's real loss curve. `reset` performs the arrivals of step 0; `step(a)`
+applies the joint action of step t, then the arrivals of step t+1, so the
+observation an agent sees is always taken just after arrivals (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from mara_env.workload import (
+    Episode,
+    WorkloadConfig,
+    curve_rows,
+    family_medians,
+    sample_episode,
+)
+from mara_fm.bank import CurveSet, load_bank, select
+from mara_fm.predictors import WARMUP_POINTS, HistoryBatch, Predictor, make_predictor
+from mara_fm.profile import PROJECT_ROOT
+
+DEFAULT_BANK = PROJECT_ROOT / "data" / "banks" / "default.parquet"
+
+PENDING, ACTIVE, WAITING, SUCCEEDED, EXPIRED, REJECTED = range(6)
+
+
+@dataclass
+class EnvConfig:
+    n_nodes: int = 7
+    n_slots: int = 16
+    queue_size: int = 8
+    horizon: int = 500
+    arrival_prob: float = 0.04
+    task_set: str = "id"
+    split: str = "train"
+    predictor: str | Predictor = "wls"
+    beta: float = 0.1
+    bank: str = ""  # empty: data/banks/default.parquet
+    strict: bool = False
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workload, dict):
+            self.workload = WorkloadConfig(**self.workload)
+        for name in ("n_nodes", "n_slots", "horizon"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"EnvConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.queue_size < 0:
+            raise ValueError(f"EnvConfig.queue_size must be >= 0, got {self.queue_size}")
+        if not 0.0 <= self.arrival_prob <= 1.0:
+            raise ValueError(f"EnvConfig.arrival_prob must be in [0, 1], got {self.arrival_prob}")
+        if self.beta < 0:
+            raise ValueError(f"EnvConfig.beta must be >= 0, got {self.beta}")
+
+    @property
+    def bank_path(self) -> Path:
+        return Path(self.bank) if self.bank else DEFAULT_BANK
+
+
+@functools.lru_cache(maxsize=16)
+def _curves(bank: str, mtime: float, task_set: str, split: str) -> tuple[CurveSet, np.ndarray, dict]:
+    curves = select(load_bank(bank), task_set, split)
+    return curves, curves.avg, family_medians(curves)
+
+
+def load_curves(bank: str | Path, task_set: str, split: str) -> tuple[CurveSet, np.ndarray, dict]:
+    """Curve set, its cumulative averages and family medians (cached per file version)."""
+    path = Path(bank)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: bank file not found (build one with `mara curves`)")
+    return _curves(str(path), path.stat().st_mtime, task_set, split)
+
+
+def progress(first: np.ndarray, current: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """q_k of DESIGN §4: log-progress from the first observed loss towards ε."""
+    reached = first <= eps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.log(first / current) / np.log(first / np.where(reached, 0.5 * first, eps))
+    return np.where(reached, 1.0, np.clip(q, 0.0, 1.0))
+
+
+class MultiNodeEnv(gym.Env):
+    """N nodes, K active slots, a waiting queue of Q, horizon T.
+
+    Action: `MultiDiscrete([K+1]*N)`, per node 0 = idle, j = slot j−1.
+    Observation: per-slot features, global counts and the slot mask.
+    Reward: successes + β·(Φ_{t+1} − Φ_t); the shaped return equals the
+    number of successes exactly, because Φ is 0 at both ends.
+    `reset(options={"episode": Episode})` replays a frozen episode.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, config: EnvConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            known = {f.name for f in fields(EnvConfig)}
+            unknown = sorted(set(overrides) - known)
+            if unknown:
+                raise TypeError(f"unknown MultiNodeEnv option(s) {unknown}; known: {sorted(known)}")
+            config = EnvConfig(**overrides)
+        self.cfg = config
+        self.curves, self.curve_avg, self.medians = load_curves(
+            config.bank_path, config.task_set, config.split
+        )
+        self.predictor = make_predictor(config.predictor)
+        self.cap = self.curves.cap
+        n, k = config.n_nodes, config.n_slots
+        self.action_space = spaces.MultiDiscrete(np.full(n, k + 1, dtype=np.int64))
+        self.observation_space = spaces.Dict({
+            "slots": spaces.Box(0.0, 1.0, (k, 4), np.float32),
+            "globals": spaces.Box(0.0, 1.0, (3,), np.float32),
+            "slot_mask": spaces.Box(0, 1, (k,), np.int8),
+        })
+        self.episode: Episode | None = None
+
+    # ------------------------------------------------------------------ episode
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        episode = (options or {}).get("episode")
+        if episode is None:
+            episode = sample_episode(self.curves, self.cfg.horizon, self.cfg.arrival_prob,
+                                     self.cfg.workload, self.np_random, self.medians)
+        if episode.horizon != self.cfg.horizon:
+            raise ValueError(f"episode horizon {episode.horizon} != env horizon {self.cfg.horizon}")
+        self.episode = episode
+        rows = curve_rows(episode, self.curves)
+        m = len(episode)
+        self.task_avg = self.curve_avg[rows]
+        self.task_bs = self.curves.batch_size[rows]
+        self.task_lr = self.curves.lr[rows]
+        self.arrival = episode.arrival
+        self.deadline = episode.deadline
+        if np.any(self.deadline - self.arrival > self.cap):
+            raise ValueError(f"a task window exceeds the curve cap {self.cap}")
+        self.eps = episode.eps
+        self.n_obs = np.zeros(m, np.int64)
+        self.status = np.full(m, PENDING, np.int8)
+        self.pred = np.full(m, float(self.cap))
+        self.ready_step = np.full(m, -1, np.int64)
+        self.q = np.zeros(m)  # progress q_k, 0 until the first observation
+        self.slot_task = np.full(self.cfg.n_slots, -1, np.int64)
+        self.queue: deque[int] = deque()
+        self.next_arrival = 0
+        self.t = 0
+        self.busy = 0
+        self.stats = {"successes": 0, "expirations": 0, "rejections": 0, "invalid_actions": 0,
+                      "busy_node_steps": 0, "full_queue_steps": 0, "waiting_sum": 0}
+        rejected = self._arrivals()
+        self._record_decision_point()
+        self.potential = 0.0
+        return self._obs(), self._step_info(0, 0, rejected, 0)
+
+    def _arrivals(self) -> int:
+        rejected = 0
+        while self.next_arrival < len(self.arrival) and self.arrival[self.next_arrival] == self.t:
+            k = self.next_arrival
+            self.next_arrival += 1
+            free = np.flatnonzero(self.slot_task < 0)
+            if len(free):
+                self.slot_task[free[0]] = k
+                self.status[k] = ACTIVE
+            elif len(self.queue) < self.cfg.queue_size:
+                self.queue.append(k)
+                self.status[k] = WAITING
+            else:
+                self.status[k] = REJECTED
+                rejected += 1
+        self.stats["rejections"] += rejected
+        return rejected
+
+    # ------------------------------------------------------------------ step
+
+    def step(self, action):
+        if self.episode is None:
+            raise RuntimeError("call reset() before step()")
+        served = self._served_tasks(np.asarray(action).reshape(-1))
+        self.busy = len(served)
+        succeeded = np.zeros(0, np.int64)
+        if self.busy:
+            n = self.n_obs[served] + 1
+            self.n_obs[served] = n
+            ready = n == WARMUP_POINTS
+            self.ready_step[served[ready]] = self.t + 1 - self.arrival[served[ready]]
+            current = self.task_avg[served, n - 1]
+            self.q[served] = progress(self.task_avg[served, 0], current, self.eps[served])
+            succeeded = served[current <= self.eps[served]]
+            self.status[succeeded] = SUCCEEDED
+            self._refresh_predictions(served)
+        expired = self._remove_finished()
+
+        n_success = len(succeeded)
+        self.stats["successes"] += n_success
+        self.stats["expirations"] += expired
+        self.stats["busy_node_steps"] += self.busy
+        active = self.slot_task[self.slot_task >= 0]
+        new_potential = float(self.q[active].sum())
+        reward = n_success + self.cfg.beta * (new_potential - self.potential)
+        self.potential = new_potential
+
+        self.t += 1
+        terminated = self.t >= self.cfg.horizon
+        rejected = 0
+        if terminated:
+            assert not (self.slot_task >= 0).any() and not self.queue, (
+                "tasks left at the horizon: every deadline must be <= T"
+            )
+        else:
+            rejected = self._arrivals()
+            self._record_decision_point()
+        info = self._step_info(n_success, expired, rejected, self.busy)
+        if terminated:
+            info.update(self.episode_summary())
+        return self._obs(), float(reward), terminated, False, info
+
+    def _remove_finished(self) -> int:
+        """Drop succeeded tasks and expire those past their last step; refill from the queue."""
+        expired = 0
+        last_step = self.t + 1
+        for s in np.flatnonzero(self.slot_task >= 0).tolist():
+            k = self.slot_task[s]
+            if self.status[k] == SUCCEEDED:
+                self.slot_task[s] = -1
+            elif last_step >= self.deadline[k]:
+                self.status[k] = EXPIRED
+                self.slot_task[s] = -1
+                expired += 1
+        if self.queue:
+            for k in [k for k in self.queue if last_step >= self.deadline[k]]:
+                self.queue.remove(k)
+                self.status[k] = EXPIRED
+                expired += 1
+            for s in np.flatnonzero(self.slot_task < 0).tolist():
+                if not self.queue:
+                    break
+                k = self.queue.popleft()
+                self.slot_task[s] = k
+                self.status[k] = ACTIVE
+        return expired
+
+    def _served_tasks(self, action: np.ndarray) -> np.ndarray:
+        if action.shape != (self.cfg.n_nodes,):
+            raise ValueError(f"joint action must have shape ({self.cfg.n_nodes},), got {action.shape}")
+        taken = np.zeros(self.cfg.n_slots, bool)
+        served = []
+        for node, pick in enumerate(action.tolist()):
+            if pick == 0:
+                continue
+            slot = pick - 1
+            problem = None
+            if not 0 <= slot < self.cfg.n_slots:
+                problem = "is out of range"
+            elif self.slot_task[slot] < 0:
+                problem = "is empty"
+            elif taken[slot]:
+                problem = "was already taken by an earlier node"
+            if problem:
+                if self.cfg.strict:
+                    raise ValueError(f"invalid joint action: node {node} picked slot {slot}, which {problem}")
+                self.stats["invalid_actions"] += 1
+                continue
+            taken[slot] = True
+            served.append(self.slot_task[slot])
+        return np.asarray(served, np.int64)
+
+    def _refresh_predictions(self, tasks: np.ndarray) -> None:
+        """Re-predict only the tasks whose history grew this step."""
+        if len(tasks) == 0:
+            return
+        n = self.n_obs[tasks]
+        hist = HistoryBatch.from_curves(self.task_avg[tasks], n, self.task_bs[tasks], self.task_lr[tasks])
+        self.pred[tasks] = self.predictor.remaining_batches(hist, self.eps[tasks], self.cap - n)
+
+    # ------------------------------------------------------------------ views
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        k = self.cfg.n_slots
+        mask = self.slot_task >= 0
+        tasks = self.slot_task[mask]
+        slots = np.zeros((k, 4), np.float32)
+        slots[mask] = np.stack([
+            np.ones(len(tasks)),
+            np.minimum(self.pred[tasks] * (1.0 / self.cap), 1.0),
+            np.clip((self.deadline[tasks] - self.t) * (1.0 / self.cap), 0.0, 1.0),
+            np.minimum(self.n_obs[tasks], WARMUP_POINTS) * (1.0 / WARMUP_POINTS),
+        ], axis=1)
+        glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,
+                         len(self.queue) / max(self.cfg.queue_size, 1)], np.float32)
+        return {"slots": slots, "globals": glob, "slot_mask": mask.astype(np.int8)}
+
+    def _queue_full(self) -> bool:
+        return self.cfg.queue_size > 0 and len(self.queue) >= self.cfg.queue_size
+
+    def _record_decision_point(self) -> None:
+        """Congestion as the policy sees it, once per step (T samples per episode)."""
+        self.stats["full_queue_steps"] += int(self._queue_full())
+        self.stats["waiting_sum"] += len(self.queue)
+
+    def _step_info(self, successes: int, expired: int, rejected: int, busy: int) -> dict:
+        return {"successes": successes, "expirations": expired, "rejections": rejected,
+                "busy_nodes": busy, "full_queue": self._queue_full(), "waiting": len(self.queue),
+                "invalid_actions": self.stats["invalid_actions"]}
+
+    def episode_summary(self) -> dict:
+        """Whole-episode figures: success rate and the diagnostics of DESIGN §8."""
+        m = len(self.arrival)
+        steps = self.cfg.horizon
+        ready = self.ready_step[self.ready_step >= 0]
+        return {
+            "episode_tasks": m,
+            "episode_successes": self.stats["successes"],
+            "success_rate": self.stats["successes"] / m if m else 0.0,
+            "utilisation": self.stats["busy_node_steps"] / (self.cfg.n_nodes * steps),
+            "full_queue_fraction": self.stats["full_queue_steps"] / steps,
+            "waiting_population": self.stats["waiting_sum"] / steps,
+            "readiness_steps": float(ready.mean()) if len(ready) else float("nan"),
+            "episode_invalid_actions": self.stats["invalid_actions"],
+        }
+
+    def scheduler_view(self) -> SlotView:
+        """What a non-learned allocator may read about the active slots."""
+        tasks = self.slot_task
+        present = tasks >= 0
+        t = np.where(present, tasks, 0)
+        return SlotView(
+            t=self.t, present=present, arrival=np.where(present, self.arrival[t], 0),
+            deadline=np.where(present, self.deadline[t], 0),
+            observed=np.where(present, self.n_obs[t], 0),
+            predicted=np.where(present, self.pred[t], 0.0), n_nodes=self.cfg.n_nodes,
+        )
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """Per-slot state for allocators: arrival order, deadlines, observations, predictions."""
+
+    t: int
+    present: np.ndarray
+    arrival: np.ndarray
+    deadline: np.ndarray
+    observed: np.ndarray
+    predicted: np.ndarray
+    n_nodes: int

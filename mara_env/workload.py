@@ -1,0 +1,178 @@
+"""Workloads: which tasks arrive when, with what threshold and service window.
+
+Thresholds and windows are drawn per family from the family's typical
+(median) curve, so every family mixes clearly feasible, marginal and
+infeasible tasks whatever its loss scale:
+
+  n_t ~ U[target_lo, target_hi]          target demand of a typical run
+  ε   = median_f L(n_t) · exp(N(0, eps_jitter))
+  W   = round(n_t · U[window_lo, window_hi]), clipped to [min_window, cap]
+
+A run slower than its family's median, or a short window, makes a task
+infeasible; contention for the N nodes decides the marginal ones. Episodes
+are plain data (curve ids, arrival, ε, window) so that frozen evaluation
+episodes can be saved once and replayed by every method.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mara_fm.bank import CurveSet
+from mara_fm.predictors import first_crossing
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    target_lo: int = 40
+    target_hi: int = 240
+    eps_jitter: float = 0.10
+    window_lo: float = 0.9
+    window_hi: float = 1.6
+    min_window: int = 30
+
+
+@dataclass
+class Episode:
+    """One episode's tasks, in arrival order. Deadlines are clipped to the horizon."""
+
+    curve_ids: list[str]
+    arrival: np.ndarray  # (M,) int
+    eps: np.ndarray  # (M,) float
+    window: np.ndarray  # (M,) int
+    horizon: int
+    meta: dict
+
+    def __post_init__(self) -> None:
+        self.arrival = np.asarray(self.arrival, np.int64)
+        self.eps = np.asarray(self.eps, np.float64)
+        self.window = np.asarray(self.window, np.int64)
+
+    @property
+    def deadline(self) -> np.ndarray:
+        return np.minimum(self.arrival + self.window, self.horizon)
+
+    def __len__(self) -> int:
+        return len(self.curve_ids)
+
+    def to_dict(self) -> dict:
+        return {
+            "curve_ids": list(self.curve_ids), "arrival": self.arrival.tolist(),
+            "eps": self.eps.tolist(), "window": self.window.tolist(),
+            "horizon": self.horizon, "meta": self.meta,
+        }
+
+    @staticmethod
+    def from_dict(d: dict) -> Episode:
+        return Episode(d["curve_ids"], d["arrival"], d["eps"], d["window"], d["horizon"], d["meta"])
+
+
+def family_medians(curves: CurveSet) -> dict[str, np.ndarray]:
+    """Median cumulative-average curve of each family."""
+    avg = curves.avg
+    return {f: np.median(avg[curves.families == f], axis=0) for f in curves.family_names()}
+
+
+def draw_tasks(curves: CurveSet, medians: dict[str, np.ndarray], n: int, cfg: WorkloadConfig,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Curve rows, thresholds and windows for `n` tasks (families uniform, then curves)."""
+    fams = curves.family_names()
+    rows = np.empty(n, np.int64)
+    eps = np.empty(n)
+    window = np.empty(n, np.int64)
+    for i in range(n):
+        fam = fams[rng.integers(len(fams))]
+        members = np.flatnonzero(curves.families == fam)
+        rows[i] = members[rng.integers(len(members))]
+        target = int(rng.integers(cfg.target_lo, cfg.target_hi + 1))
+        eps[i] = medians[fam][min(target, curves.cap) - 1] * np.exp(rng.normal(0, cfg.eps_jitter))
+        w = round(target * rng.uniform(cfg.window_lo, cfg.window_hi))
+        window[i] = int(np.clip(w, cfg.min_window, curves.cap))
+    return rows, eps, window
+
+
+def sample_episode(curves: CurveSet, horizon: int, arrival_prob: float, cfg: WorkloadConfig,
+                   rng: np.random.Generator, medians: dict[str, np.ndarray] | None = None,
+                   meta: dict | None = None) -> Episode:
+    """Bernoulli(p) arrivals at every step of [0, horizon)."""
+    arrival = np.flatnonzero(rng.random(horizon) < arrival_prob)
+    rows, eps, window = draw_tasks(curves, medians or family_medians(curves), len(arrival), cfg, rng)
+    return Episode(curves.ids[rows].tolist(), arrival, eps, window, horizon, dict(meta or {}))
+
+
+def stress_episode(curves: CurveSet, horizon: int = 500, n_infeasible: int = 7, n_short: int = 13,
+                   short_arrival: int = 10, short_demand: tuple[int, int] = (22, 35),
+                   infeasible_window: int = 100, short_window: int = 110, seed: int = 0) -> Episode:
+    """DESIGN §8's stress test: tasks that can never finish come first.
+
+    The infeasible tasks (thresholds below anything their curves reach)
+    arrive at t=0 and expire at t=100; the short tasks arrive at t=10 with
+    true demand in [22, 35] and deadline 120. Serving the infeasible tasks
+    until they expire leaves 20 steps, too few for any short task; ignoring
+    them leaves ample room for all 13 (7 nodes, 110 steps).
+    """
+    rng = np.random.default_rng(seed)
+    avg = curves.avg
+    rows = rng.permutation(len(curves))
+    ids = [curves.ids[r] for r in rows[:n_infeasible]]
+    eps = [0.5 * float(avg[r].min()) for r in rows[:n_infeasible]]
+    # Short tasks: (curve, n*) pairs whose threshold L(n*) is first reached at n*.
+    # Curves may repeat (each task replays its own copy), so small banks work too.
+    for _ in range(200 * n_short):
+        if len(ids) == n_infeasible + n_short:
+            break
+        row = int(rng.integers(len(curves)))
+        n_star = int(rng.integers(short_demand[0], short_demand[1] + 1))
+        if np.all(avg[row, : n_star - 1] > avg[row, n_star - 1]):
+            ids.append(curves.ids[row])
+            eps.append(float(avg[row, n_star - 1]))
+    if len(ids) < n_infeasible + n_short:
+        raise ValueError(f"stress scenario: too few curves first reach a threshold in {short_demand} batches")
+    arrival = [0] * n_infeasible + [short_arrival] * n_short
+    window = [infeasible_window] * n_infeasible + [short_window] * n_short
+    return Episode(ids, arrival, eps, window, horizon, {"scenario": "stress"})
+
+
+def true_demand(episode: Episode, curves: CurveSet) -> np.ndarray:
+    """Batches each task needs from scratch to reach ε (cap+1 if never)."""
+    rows = curve_rows(episode, curves)
+    avg = curves.avg[rows]
+    return first_crossing(avg, np.zeros(len(rows), np.int64), episode.eps,
+                          np.full(len(rows), curves.cap + 1.0))
+
+
+def oracle_successes(episode: Episode, curves: CurveSet) -> int:
+    """Tasks feasible on a dedicated node from arrival: the upper bound."""
+    budget = episode.deadline - episode.arrival
+    return int((true_demand(episode, curves) <= budget).sum())
+
+
+def curve_rows(episode: Episode, curves: CurveSet) -> np.ndarray:
+    index = {cid: i for i, cid in enumerate(curves.ids)}
+    missing = [c for c in episode.curve_ids if c not in index]
+    if missing:
+        raise KeyError(f"episode refers to curve(s) not in this bank: {missing[:3]}")
+    return np.array([index[c] for c in episode.curve_ids], np.int64)
+
+
+def save_episodes(episodes: list[Episode], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([e.to_dict() for e in episodes]))
+    tmp.replace(path)
+    return path
+
+
+def load_episodes(path: str | Path) -> list[Episode]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: frozen episode file not found")
+    try:
+        return [Episode.from_dict(d) for d in json.loads(path.read_text())]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: malformed frozen episode file ({exc})") from exc

@@ -1,0 +1,127 @@
+"""Build the curve bank: many real training runs, in parallel, resumable.
+
+Runs are grouped into chunks of one family; each finished chunk is written to
+`<bank>.parts/` at once, so an interrupted build resumes without redoing any
+finished chunk. The final bank is the concatenation of all chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from mara_fm.bank import load_bank, save_bank
+from mara_fm.families import FAMILIES
+
+CHUNK = 10
+SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
+
+
+@dataclass(frozen=True)
+class BankConfig:
+    curves_per_id_family: int = 150
+    curves_per_ood_set: int = 100  # spread evenly over the families of each OOD set
+    cap: int = 300
+    seed: int = 0
+    workers: int = 0  # 0 = one per core
+
+
+def curve_seed(root: int, family: str, index: int) -> int:
+    """A run seed that depends only on (root seed, family, index)."""
+    key = [root, index] + [ord(c) for c in family]
+    return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def plan(cfg: BankConfig) -> list[tuple[str, int, str]]:
+    """Every curve to build, as (family, index, split); ID split by curve."""
+    jobs = []
+    ood_sets: dict[str, list[str]] = {}
+    for fam in FAMILIES.values():
+        if fam.task_set == "id":
+            n = cfg.curves_per_id_family
+            order = np.random.default_rng(curve_seed(cfg.seed, fam.name, 10**6)).permutation(n)
+            n_train = round(SPLIT_FRACTIONS["train"] * n)
+            n_val = round(SPLIT_FRACTIONS["val"] * n)
+            for rank, i in enumerate(order):
+                split = "train" if rank < n_train else "val" if rank < n_train + n_val else "test"
+                jobs.append((fam.name, int(i), split))
+        else:
+            ood_sets.setdefault(fam.task_set, []).append(fam.name)
+    for names in ood_sets.values():
+        for k, name in enumerate(sorted(names)):
+            n = cfg.curves_per_ood_set // len(names) + (k < cfg.curves_per_ood_set % len(names))
+            jobs += [(name, i, "test") for i in range(n)]  # OOD sets never train either stage
+    return sorted(jobs)
+
+
+def _run_chunk(args: tuple[list[tuple[str, int, str]], BankConfig, str]) -> tuple[str, int]:
+    import torch
+
+    torch.set_num_threads(1)
+    chunk, cfg, out = args
+    rows = []
+    for family, index, split in chunk:
+        row = FAMILIES[family].run(curve_seed(cfg.seed, family, index), cfg.cap)
+        row.update(curve_id=f"{family}-{index:05d}", split=split)
+        rows.append(row)
+    save_bank(pd.DataFrame(rows), out)
+    return out, len(chunk)
+
+
+def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:
+    """Build (or finish building) the bank at `path`; returns the path."""
+    path = Path(path)
+    parts = path.with_suffix(".parts")
+    parts.mkdir(parents=True, exist_ok=True)
+    manifest = parts / "config.json"
+    stored = {k: v for k, v in asdict(cfg).items() if k != "workers"}
+    if manifest.exists() and json.loads(manifest.read_text()) != stored:
+        raise ValueError(
+            f"{parts} holds chunks of a bank built with another config "
+            f"({manifest.read_text().strip()}); remove it or choose another output path"
+        )
+    manifest.write_text(json.dumps(stored))
+
+    jobs = plan(cfg)
+    chunks: list[tuple[list, BankConfig, str]] = []
+    by_family: dict[str, list] = {}
+    for job in jobs:
+        by_family.setdefault(job[0], []).append(job)
+    for family, fjobs in by_family.items():
+        for c in range(0, len(fjobs), CHUNK):
+            out = parts / f"{family}-{c // CHUNK:04d}.parquet"
+            if not out.exists():
+                chunks.append((fjobs[c : c + CHUNK], cfg, str(out)))
+    # Slowest families first keeps both workers busy until the end.
+    chunks.sort(key=lambda ch: ch[0][0][0] not in ("gru_charlm", "vit_digits", "lstm_adding"))
+    todo = sum(len(c[0]) for c in chunks)
+    workers = cfg.workers or os.cpu_count() or 1
+    start = time.perf_counter()
+    with tqdm(total=len(jobs), initial=len(jobs) - todo, desc="curves", unit="curve",
+              disable=not progress, mininterval=2.0) as bar:
+        if workers == 1 or len(chunks) <= 1:
+            for ch in chunks:
+                bar.update(_run_chunk(ch)[1])
+        else:
+            with mp.get_context("spawn").Pool(workers) as pool:
+                for _, n in pool.imap_unordered(_run_chunk, chunks):
+                    bar.update(n)
+    elapsed = time.perf_counter() - start
+    frame = pd.concat([load_bank(p) for p in sorted(parts.glob("*.parquet"))], ignore_index=True)
+    frame = frame.sort_values("curve_id", ignore_index=True)
+    save_bank(frame, path)
+    (parts / "timing.json").write_text(json.dumps({"curves_built": todo, "seconds": elapsed}))
+    return path
+
+
+def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:
+    path = Path(path)
+    return path if path.exists() else build_bank(cfg, path, progress)

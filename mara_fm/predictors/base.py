@@ -1,0 +1,91 @@
+"""The predictor interface shared by FM, WLS and the oracle (DESIGN §5).
+
+A predictor answers, for a batch of tasks at once: how many more batches
+does each task need before its cumulative-average loss reaches ε? Answers are
+capped at the horizon; a task not yet past warm-up gets the horizon.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+WARMUP_POINTS = 4
+
+
+@dataclass(frozen=True)
+class HistoryBatch:
+    """Observed prefixes of B tasks.
+
+    `avg[b, i]` is the cumulative-average loss after i+1 batches for
+    i < lengths[b] and NaN beyond; point i sits at s = (i+1)·batch_size[b]
+    samples. `future` holds the whole true curve and is read by the oracle
+    only; learned predictors never see it.
+    """
+
+    avg: np.ndarray  # (B, L) float64, NaN-padded
+    lengths: np.ndarray  # (B,) int64, >= 1
+    batch_size: np.ndarray  # (B,) int64
+    lr: np.ndarray  # (B,) float64
+    future: np.ndarray | None = None  # (B, cap) true cumulative averages
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def current(self) -> np.ndarray:
+        """The latest observed cumulative-average loss of each task."""
+        return self.avg[np.arange(len(self)), self.lengths - 1]
+
+    @staticmethod
+    def from_curves(curves: np.ndarray, lengths: np.ndarray, batch_size: np.ndarray,
+                    lr: np.ndarray) -> HistoryBatch:
+        """Prefixes of full true curves (B, cap); `future` keeps the curves."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        width = int(lengths.max())
+        visible = np.arange(width)[None, :] < lengths[:, None]
+        avg = np.where(visible, curves[:, :width], np.nan)
+        return HistoryBatch(avg, lengths, np.asarray(batch_size, np.int64),
+                            np.asarray(lr, np.float64), curves)
+
+
+class Predictor(ABC):
+    """Estimates remaining batches to a threshold from an observed prefix."""
+
+    name: str = "predictor"
+    uses_warmup: bool = True
+
+    def remaining_batches(self, hist: HistoryBatch, eps: np.ndarray,
+                          horizon: np.ndarray) -> np.ndarray:
+        """Remaining batches to reach `eps`, in [0, horizon] (horizon in batches).
+
+        Tasks already at or below `eps` need 0; tasks with fewer than
+        `WARMUP_POINTS` observations get the horizon (warm-up rule).
+        """
+        eps = np.asarray(eps, np.float64) * np.ones(len(hist))
+        horizon = np.asarray(horizon, np.float64) * np.ones(len(hist))
+        done = hist.current <= eps
+        ready = ~done
+        if self.uses_warmup:
+            ready &= hist.lengths >= WARMUP_POINTS
+        out = horizon.copy()
+        if ready.all():
+            out = np.clip(self._predict(hist, eps, horizon), 0.0, horizon)
+        elif ready.any():
+            sub = _take(hist, ready)
+            out[ready] = np.clip(self._predict(sub, eps[ready], horizon[ready]), 0.0, horizon[ready])
+        out[done] = 0.0
+        return out
+
+    @abstractmethod
+    def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        """Raw estimates for tasks past warm-up and still above `eps`."""
+
+
+def _take(hist: HistoryBatch, mask: np.ndarray) -> HistoryBatch:
+    return HistoryBatch(
+        hist.avg[mask], hist.lengths[mask], hist.batch_size[mask], hist.lr[mask],
+        None if hist.future is None else hist.future[mask],
+    )

@@ -1,0 +1,222 @@
+"""Evaluate allocators on frozen, shared episodes (DESIGN §8).
+
+Episodes are generated once per (bank, task set, split, load, root), saved
+under `data/episodes/`, and replayed by every method, so differences between
+methods are paired. A method is a decision rule plus the predictor inside
+the env (LARA reads WLS predictions, LARA-FM reads FM predictions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from mara_env.allocators import ALLOCATORS
+from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
+from mara_env.workload import (
+    Episode,
+    WorkloadConfig,
+    load_episodes,
+    oracle_successes,
+    sample_episode,
+    save_episodes,
+    stress_episode,
+)
+from mara_fm.profile import PROJECT_ROOT
+from mara_fm.tracking import mlflow_run
+
+EPISODE_DIR = PROJECT_ROOT / "data" / "episodes"
+DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
+Decide = Callable[[dict, MultiNodeEnv], np.ndarray]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    roots: int = 5
+    episodes_per_root: int = 8
+    split: str = "test"
+
+
+@dataclass(frozen=True)
+class Method:
+    """How a method decides, and which predictor the env runs for it."""
+
+    name: str
+    predictor: str
+    make: Callable[[], Decide] | None  # None: the Oracle bound, not simulated
+
+
+def classic(name: str) -> Callable[[], Decide]:
+    def make() -> Decide:
+        allocator = ALLOCATORS[name]()
+        return lambda obs, env: allocator.act(env.scheduler_view())
+
+    return make
+
+
+def builtin_methods(fm_path: str | None = None) -> dict[str, Method]:
+    methods = {
+        "fifo": Method("fifo", "wls", classic("fifo")),
+        "edf": Method("edf", "wls", classic("edf")),
+        "lara": Method("lara", "wls", classic("lara")),
+        "oracle": Method("oracle", "oracle", None),
+    }
+    if fm_path:
+        methods["lara_fm"] = Method("lara_fm", f"fm:{fm_path}", classic("lara"))
+    return methods
+
+
+def episode_root_seed(task_set: str, split: str, load: float, root: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence([root, round(load * 10_000), *map(ord, f"{task_set}/{split}")])
+
+
+def frozen_episodes(bank: Path, task_set: str, split: str, load: float, root: int, count: int,
+                    horizon: int, workload: WorkloadConfig, scenario: str = "default") -> list[Episode]:
+    """Load the frozen episodes of one root, generating and saving them the first time."""
+    tag = "stress" if scenario == "stress" else f"p{load:.3f}"
+    path = EPISODE_DIR / bank.stem / f"{task_set}-{split}-{tag}-root{root}.json"
+    if path.exists():
+        episodes = load_episodes(path)
+        if len(episodes) >= count:
+            return episodes[:count]
+    curves, _, medians = load_curves(bank, task_set, split)
+    if scenario == "stress":
+        episodes = [stress_episode(curves, horizon, seed=root)]
+    else:
+        rng = np.random.default_rng(episode_root_seed(task_set, split, load, root))
+        episodes = [
+            sample_episode(curves, horizon, load, workload, rng, medians,
+                           {"task_set": task_set, "split": split, "load": load, "root": root, "index": i})
+            for i in range(count)
+        ]
+    save_episodes(episodes, path)
+    return episodes
+
+
+def run_episode(env: MultiNodeEnv, decide: Decide, episode: Episode) -> dict:
+    obs, _ = env.reset(options={"episode": episode})
+    done = False
+    ret = 0.0
+    while not done:
+        obs, reward, done, _, info = env.step(decide(obs, env))
+        ret += reward
+    return {**{k: info[k] for k in ("success_rate", "episode_successes", "episode_tasks", *DIAGNOSTICS)},
+            "shaped_return": ret}
+
+
+@dataclass
+class Record:
+    method: str
+    task_set: str
+    load: float
+    scenario: str
+    success_rate_mean: float
+    success_rate_std: float  # sample std over evaluation roots
+    per_root: list[float]
+    per_episode: list[float]
+    tasks_per_episode: float
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Episode]]) -> dict:
+    """Success rates (per episode, grouped by root) and mean diagnostics."""
+    per_root: list[list[float]] = []
+    diag: dict[str, list[float]] = {k: [] for k in DIAGNOSTICS}
+    tasks: list[int] = []
+    if method.make is None:
+        curves, _, _ = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
+        for root_eps in episodes:
+            per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
+            tasks += [len(e) for e in root_eps]
+        return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
+    env = MultiNodeEnv(EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor, "strict": True}))
+    decide = method.make()
+    for root_eps in episodes:
+        rates = []
+        for ep in root_eps:
+            out = run_episode(env, decide, ep)
+            rates.append(out["success_rate"])
+            tasks.append(out["episode_tasks"])
+            for k in DIAGNOSTICS:
+                diag[k].append(out[k])
+        per_root.append(rates)
+    return {"per_root": per_root, "tasks": tasks,
+            "diagnostics": {k: float(np.nanmean(v)) if len(v) else math.nan for k, v in diag.items()}}
+
+
+def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
+             env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str = "default",
+             out_dir: Path | None = None, log_mlflow: bool = True, progress: bool = True) -> list[Record]:
+    """Every method on the same frozen episodes; writes results.json / results.md to `out_dir`."""
+    records: list[Record] = []
+    combos = [(ts, load, m) for ts in task_sets for load in loads for m in methods]
+    for task_set, load, method in tqdm(combos, desc="evaluate", disable=not progress):
+        cfg = EnvConfig(**{**asdict(env_cfg), "task_set": task_set, "split": eval_cfg.split,
+                           "arrival_prob": load, "bank": str(bank)})
+        count = 1 if scenario == "stress" else eval_cfg.episodes_per_root
+        episodes = [frozen_episodes(bank, task_set, eval_cfg.split, load, r, count, cfg.horizon,
+                                    cfg.workload, scenario) for r in range(eval_cfg.roots)]
+        out = evaluate_method(method, cfg, episodes)
+        root_means = [float(np.mean(r)) for r in out["per_root"]]
+        records.append(Record(
+            method=method.name, task_set=task_set, load=load, scenario=scenario,
+            success_rate_mean=float(np.mean(root_means)),
+            success_rate_std=float(np.std(root_means, ddof=1)) if len(root_means) > 1 else 0.0,
+            per_root=root_means, per_episode=[x for r in out["per_root"] for x in r],
+            tasks_per_episode=float(np.mean(out["tasks"])), diagnostics=out["diagnostics"],
+        ))
+    if out_dir is not None:
+        write_results(records, Path(out_dir))
+    if log_mlflow:
+        log_records(records, out_dir)
+    return records
+
+
+def markdown_table(records: list[Record]) -> str:
+    lines = ["| method | task set | load | scenario | success % (mean ± std) | tasks/ep | "
+             "utilisation | full queue | waiting | readiness |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    def fmt(d: dict[str, float], key: str, scale: float = 1.0, digits: int = 2) -> str:
+        v = d.get(key, math.nan)
+        return "–" if math.isnan(v) else f"{v * scale:.{digits}f}"
+
+    for r in records:
+        d = r.diagnostics
+        lines.append(
+            f"| {r.method} | {r.task_set} | {r.load:.2f} | {r.scenario} | "
+            f"{100 * r.success_rate_mean:.2f} ± {100 * r.success_rate_std:.2f} | "
+            f"{r.tasks_per_episode:.2f} | {fmt(d, 'utilisation', 100, 1)} | "
+            f"{fmt(d, 'full_queue_fraction', 100, 1)} | {fmt(d, 'waiting_population')} | "
+            f"{fmt(d, 'readiness_steps', 1, 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_results(records: list[Record], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps([asdict(r) for r in records], indent=1))
+    (out_dir / "results.md").write_text(markdown_table(records))
+
+
+def log_records(records: list[Record], out_dir: Path | None) -> None:
+    """One MLflow run per record, with the same metric names, for the compare view."""
+    for r in records:
+        tags = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario}
+        with mlflow_run("mara-evaluation", f"{r.method}-{r.task_set}-p{r.load:.2f}-{r.scenario}",
+                        tags) as _:
+            import mlflow
+
+            mlflow.log_params(tags)
+            metrics = {"success_rate_mean": r.success_rate_mean,
+                       "success_rate_std": r.success_rate_std,
+                       "tasks_per_episode": r.tasks_per_episode}
+            metrics.update({k: v for k, v in r.diagnostics.items() if not math.isnan(v)})
+            mlflow.log_metrics(metrics)
+            if out_dir is not None:
+                mlflow.log_artifact(str(out_dir / "results.md"))

@@ -1,0 +1,80 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from mara_fm.bank import BankError, load_bank, save_bank, select
+from mara_fm.build_bank import BankConfig, build_bank, plan
+from mara_fm.families import FAMILIES
+
+
+def _frame(smoke_bank, n=3):
+    return load_bank(smoke_bank).head(n).copy()
+
+
+def test_smoke_bank_follows_schema(smoke_bank):
+    frame = load_bank(smoke_bank)
+    assert set(frame["task_set"]) == {"id", "rl_ood", "vit_ood"}
+    assert frame.loc[frame.task_set == "id", "family"].nunique() == 8
+    id_models = frame.loc[frame.task_set == "id", "dataset"].nunique()
+    assert id_models >= 6
+    curves = select(frame, "id", "train")
+    assert curves.losses.shape[1] == 300 and np.all(curves.losses > 0)
+    # ID curves are split by curve: no curve id in two splits.
+    assert frame.groupby("curve_id")["split"].nunique().max() == 1
+    assert set(frame.loc[frame.task_set != "id", "split"]) == {"test"}
+
+
+@pytest.mark.parametrize(
+    "corrupt, words",
+    [
+        (lambda f: f.drop(columns=["lr"]), ["missing column", "lr"]),
+        (lambda f: f.assign(losses=[np.r_[np.nan, x[1:]] for x in f.losses]), ["losses", "NaN"]),
+        (lambda f: f.assign(losses=[np.r_[0.0, x[1:]] for x in f.losses]), ["losses", "<= 0"]),
+        (lambda f: f.assign(losses=[x[:-5] if i == 1 else x for i, x in enumerate(f.losses)]),
+         ["losses", "length"]),
+    ],
+)
+def test_malformed_bank_names_file_column_and_curve(smoke_bank, tmp_path, corrupt, words):
+    bad = corrupt(_frame(smoke_bank))
+    path = tmp_path / "bad.parquet"
+    bad.to_parquet(path)  # written without validation, as a foreign tool would
+    with pytest.raises(BankError) as err:
+        load_bank(path)
+    msg = str(err.value)
+    assert str(path) in msg
+    for w in words:
+        assert w in msg
+    if "missing" not in msg:
+        assert any(cid in msg for cid in bad["curve_id"])
+
+
+def test_missing_bank_file_is_a_clear_error(tmp_path):
+    with pytest.raises(BankError, match="not found"):
+        load_bank(tmp_path / "nope.parquet")
+
+
+def test_runs_are_deterministic_per_seed_and_vary_across_seeds():
+    fam = FAMILIES["logreg_cancer"]
+    a, b, c = fam.run(7, 50), fam.run(7, 50), fam.run(8, 50)
+    np.testing.assert_array_equal(a["losses"], b["losses"])
+    assert (a["batch_size"], a["lr"]) == (b["batch_size"], b["lr"])
+    assert not np.array_equal(a["losses"], c["losses"])
+
+
+def test_build_resumes_without_redoing_finished_chunks(tmp_path):
+    cfg = BankConfig(curves_per_id_family=1, curves_per_ood_set=2, cap=20, workers=1)
+    path = build_bank(cfg, tmp_path / "b.parquet", progress=False)
+    first = load_bank(path)
+    parts = sorted(path.with_suffix(".parts").glob("*.parquet"))
+    kept = parts[0].stat().st_mtime_ns
+    parts[-1].unlink()  # as if interrupted before the last chunk
+    build_bank(cfg, path, progress=False)
+    assert parts[0].stat().st_mtime_ns == kept
+    pd.testing.assert_frame_equal(first, load_bank(path))
+    assert len(first) == len(plan(cfg))
+
+
+def test_save_bank_rejects_bad_frames(smoke_bank, tmp_path):
+    bad = _frame(smoke_bank).assign(split="holdout")
+    with pytest.raises(BankError, match="split"):
+        save_bank(bad, tmp_path / "x.parquet")

@@ -1,0 +1,119 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import mara_env
+from mara_env.env import MultiNodeEnv
+
+
+def make(smoke_bank, **kw):
+    kw.setdefault("split", "test")
+    return gym.make(mara_env.ENV_ID, bank=str(smoke_bank), **kw)
+
+
+def random_valid_action(obs, n_nodes, rng, idle_prob=0.2):
+    slots = list(rng.permutation(np.flatnonzero(obs["slot_mask"])))
+    action = np.zeros(n_nodes, np.int64)
+    for i in range(n_nodes):
+        if slots and rng.random() > idle_prob:
+            action[i] = slots.pop() + 1
+    return action
+
+
+def test_gymnasium_check_env(smoke_bank):
+    check_env(make(smoke_bank).unwrapped, skip_render_check=True)
+
+
+def test_make_accepts_config_overrides(smoke_bank):
+    env = make(smoke_bank, n_nodes=3, n_slots=5, queue_size=2, horizon=50, arrival_prob=0.2,
+               task_set="rl_ood", predictor="oracle", beta=0.0, strict=True)
+    assert env.action_space.nvec.tolist() == [6, 6, 6]
+    assert env.observation_space["slots"].shape == (5, 4)
+    with pytest.raises(TypeError, match="n_gpus"):
+        make(smoke_bank, n_gpus=3)
+    with pytest.raises(ValueError, match="arrival_prob"):
+        make(smoke_bank, arrival_prob=1.5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("load, beta", [(0.04, 0.1), (0.07, 0.1), (0.05, 1.0), (0.06, 0.0)])
+def test_shaped_return_equals_successes(smoke_bank, seed, load, beta):
+    """DESIGN §4: Φ_0 = Φ_T = 0, so Σ r_t = #successes for every policy and episode."""
+    env = make(smoke_bank, arrival_prob=load, beta=beta, strict=True)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    total, done, dense = 0.0, False, False
+    while not done:
+        obs, r, done, _, info = env.step(random_valid_action(obs, 7, rng, idle_prob=rng.random()))
+        total += r
+        dense |= abs(r - round(r)) > 1e-9
+    assert total == pytest.approx(info["episode_successes"], abs=1e-9)
+    assert info["success_rate"] == pytest.approx(info["episode_successes"] / info["episode_tasks"])
+    if beta > 0 and info["episode_successes"] > 0:
+        assert dense  # the shaping really is dense
+
+
+def test_invalid_picks_idle_by_default_and_raise_when_strict(smoke_bank):
+    env = make(smoke_bank, arrival_prob=1.0)
+    obs, _ = env.reset(seed=0)
+    occupied = np.flatnonzero(obs["slot_mask"])
+    empty = np.flatnonzero(obs["slot_mask"] == 0)
+    action = np.zeros(7, np.int64)
+    action[0] = occupied[0] + 1
+    action[1] = occupied[0] + 1  # duplicate of node 0's slot
+    action[2] = empty[0] + 1  # empty slot
+    _, _, _, _, info = env.step(action)
+    assert info["invalid_actions"] == 2 and info["busy_nodes"] == 1
+
+    strict = make(smoke_bank, arrival_prob=1.0, strict=True)
+    strict.reset(seed=0)
+    with pytest.raises(ValueError, match=rf"node 1 picked slot {occupied[0]}.*already taken"):
+        strict.step(action)
+    strict.reset(seed=0)
+    action[1] = 0
+    with pytest.raises(ValueError, match=rf"node 2 picked slot {empty[0]}.*empty"):
+        strict.step(action)
+
+
+def test_same_seed_same_episode_and_rewards(smoke_bank):
+    def rollout(seed):
+        env = make(smoke_bank)
+        rng = np.random.default_rng(0)
+        obs, _ = env.reset(seed=seed)
+        rewards, done = [], False
+        while not done:
+            obs, r, done, _, _ = env.step(random_valid_action(obs, 7, rng))
+            rewards.append(r)
+        return rewards
+
+    assert rollout(3) == rollout(3)
+    assert rollout(3) != rollout(4)
+
+
+def test_step_order_queue_and_rejection(smoke_bank):
+    """Arrivals fill free slots, then the queue, then are rejected; nothing outlives T."""
+    env = make(smoke_bank, n_slots=2, queue_size=1, horizon=60, arrival_prob=0.9)
+    obs, info = env.reset(seed=1)
+    rejected, full_seen = info["rejections"], False
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(np.zeros(7, np.int64))  # always idle
+        rejected += info["rejections"]
+        full_seen |= info["full_queue"]
+        assert obs["slot_mask"].sum() <= 2 and info["waiting"] <= 1
+    assert rejected > 0 and full_seen
+    assert info["episode_successes"] == 0 and info["utilisation"] == 0.0
+    base: MultiNodeEnv = env.unwrapped
+    assert not (base.slot_task >= 0).any() and not base.queue
+
+
+def test_observation_features_are_normalised(smoke_bank):
+    env = make(smoke_bank, arrival_prob=0.2)
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    for _ in range(100):
+        obs, *_ = env.step(random_valid_action(obs, 7, rng))
+        assert env.observation_space.contains(obs)
+        present = obs["slot_mask"].astype(bool)
+        assert np.all(obs["slots"][present, 0] == 1) and np.all(obs["slots"][~present] == 0)

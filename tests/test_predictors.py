@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from mara_fm.predictors import HistoryBatch, OraclePredictor, WLSPredictor, make_predictor
+
+
+def power_law(n_points, batch_size=32, a=2.0, b=0.3):
+    s = np.arange(1, n_points + 1) * batch_size
+    return a * s ** (-b)
+
+
+def test_wls_recovers_an_exact_power_law_crossing():
+    curve = power_law(300)
+    eps = curve[199]  # reached exactly at batch 200
+    hist = HistoryBatch.from_curves(curve[None, :], np.array([50]), np.array([32]), np.array([1e-3]))
+    est = WLSPredictor().remaining_batches(hist, np.array([eps]), np.array([250.0]))
+    assert est[0] == pytest.approx(150, abs=0.05)  # only the tiny ridge biases it
+
+
+def test_wls_never_crossing_returns_horizon():
+    flat = np.linspace(1.0, 1.2, 300)  # increasing loss: b <= 0
+    hist = HistoryBatch.from_curves(flat[None, :], np.array([20]), np.array([16]), np.array([1e-3]))
+    assert WLSPredictor().remaining_batches(hist, np.array([0.5]), np.array([280.0]))[0] == 280.0
+
+
+def test_warmup_rule_and_already_crossed():
+    curve = power_law(300)
+    hist = HistoryBatch.from_curves(np.stack([curve] * 3), np.array([3, 10, 10]),
+                                    np.full(3, 32), np.full(3, 1e-3))
+    eps = np.array([curve[100], curve[100], curve[5]])
+    est = WLSPredictor().remaining_batches(hist, eps, np.array([297.0, 290.0, 290.0]))
+    assert est[0] == 297.0  # fewer than 4 points: the remaining cap
+    assert est[2] == 0.0  # already at the threshold
+
+
+def test_oracle_reads_the_true_future_and_learned_predictors_do_not():
+    curve = power_law(300)
+    curve[150:] = curve[149]  # plateau: never reaches deeper thresholds
+    hist = HistoryBatch.from_curves(curve[None, :], np.array([10]), np.array([32]), np.array([1e-3]))
+    oracle = OraclePredictor().remaining_batches(hist, np.array([curve[99]]), np.array([290.0]))
+    assert oracle[0] == 90.0
+    assert np.isnan(hist.avg[0, 10:]).all() and hist.avg.shape[1] == 10
+    never = OraclePredictor().remaining_batches(hist, np.array([0.01]), np.array([290.0]))
+    assert never[0] == 290.0
+
+
+def test_make_predictor_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown predictor"):
+        make_predictor("magic")
+    with pytest.raises(ValueError, match="gamma"):
+        WLSPredictor(gamma=1.5)
