@@ -23,7 +23,7 @@ from mara_env.workload import (
     Episode,
     WorkloadConfig,
     curve_rows,
-    family_medians,
+    family_reference,
     sample_episode,
 )
 from mara_fm.bank import CurveSet, load_bank, select
@@ -69,17 +69,27 @@ class EnvConfig:
 
 
 @functools.lru_cache(maxsize=16)
-def _curves(bank: str, mtime: float, task_set: str, split: str) -> tuple[CurveSet, np.ndarray, dict]:
+def _curves(bank: str, mtime: float, task_set: str, split: str) -> tuple[CurveSet, np.ndarray]:
     curves = select(load_bank(bank), task_set, split)
-    return curves, curves.avg, family_medians(curves)
+    return curves, curves.avg
 
 
-def load_curves(bank: str | Path, task_set: str, split: str) -> tuple[CurveSet, np.ndarray, dict]:
-    """Curve set, its cumulative averages and family medians (cached per file version)."""
+def load_curves(bank: str | Path, task_set: str, split: str) -> tuple[CurveSet, np.ndarray]:
+    """A curve set and its cumulative averages (cached per file version)."""
     path = Path(bank)
     if not path.exists():
         raise FileNotFoundError(f"{path}: bank file not found (build one with `mara curves`)")
     return _curves(str(path), path.stat().st_mtime, task_set, split)
+
+
+def make_spaces(n_nodes: int, n_slots: int) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
+    """Observation and action spaces of an env with N nodes and K slots."""
+    obs = spaces.Dict({
+        "slots": spaces.Box(0.0, 1.0, (n_slots, 4), np.float32),
+        "globals": spaces.Box(0.0, 1.0, (4,), np.float32),
+        "slot_mask": spaces.Box(0, 1, (n_slots,), np.int8),
+    })
+    return obs, spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
 
 
 def progress(first: np.ndarray, current: np.ndarray, eps: np.ndarray) -> np.ndarray:
@@ -94,7 +104,11 @@ class MultiNodeEnv(gym.Env):
     """N nodes, K active slots, a waiting queue of Q, horizon T.
 
     Action: `MultiDiscrete([K+1]*N)`, per node 0 = idle, j = slot j−1.
-    Observation: per-slot features, global counts and the slot mask.
+    Observation: per-slot features [present, predicted remaining batches / cap,
+    time to deadline / cap, warm-up fraction], globals [busy nodes / N, active
+    / K, waiting / Q, t / T] and the slot mask. The elapsed-time feature is an
+    addition to DESIGN §3: with γ = 1 and a fixed horizon the value of a state
+    depends on the time left, which the counts alone do not reveal.
     Reward: successes + β·(Φ_{t+1} − Φ_t); the shaped return equals the
     number of successes exactly, because Φ is 0 at both ends.
     `reset(options={"episode": Episode})` replays a frozen episode.
@@ -110,18 +124,13 @@ class MultiNodeEnv(gym.Env):
                 raise TypeError(f"unknown MultiNodeEnv option(s) {unknown}; known: {sorted(known)}")
             config = EnvConfig(**overrides)
         self.cfg = config
-        self.curves, self.curve_avg, self.medians = load_curves(
-            config.bank_path, config.task_set, config.split
-        )
+        self.curves, self.curve_avg = load_curves(config.bank_path, config.task_set, config.split)
+        wl = config.workload
+        self.reference = (family_reference(self.curves, wl.eps_quantile)
+                          if wl.threshold_source == "family" else None)
         self.predictor = make_predictor(config.predictor)
         self.cap = self.curves.cap
-        n, k = config.n_nodes, config.n_slots
-        self.action_space = spaces.MultiDiscrete(np.full(n, k + 1, dtype=np.int64))
-        self.observation_space = spaces.Dict({
-            "slots": spaces.Box(0.0, 1.0, (k, 4), np.float32),
-            "globals": spaces.Box(0.0, 1.0, (3,), np.float32),
-            "slot_mask": spaces.Box(0, 1, (k,), np.int8),
-        })
+        self.observation_space, self.action_space = make_spaces(config.n_nodes, config.n_slots)
         self.episode: Episode | None = None
 
     # ------------------------------------------------------------------ episode
@@ -131,7 +140,7 @@ class MultiNodeEnv(gym.Env):
         episode = (options or {}).get("episode")
         if episode is None:
             episode = sample_episode(self.curves, self.cfg.horizon, self.cfg.arrival_prob,
-                                     self.cfg.workload, self.np_random, self.medians)
+                                     self.cfg.workload, self.np_random, self.reference)
         if episode.horizon != self.cfg.horizon:
             raise ValueError(f"episode horizon {episode.horizon} != env horizon {self.cfg.horizon}")
         self.episode = episode
@@ -296,7 +305,8 @@ class MultiNodeEnv(gym.Env):
             np.minimum(self.n_obs[tasks], WARMUP_POINTS) * (1.0 / WARMUP_POINTS),
         ], axis=1)
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,
-                         len(self.queue) / max(self.cfg.queue_size, 1)], np.float32)
+                         len(self.queue) / max(self.cfg.queue_size, 1),
+                         min(self.t / self.cfg.horizon, 1.0)], np.float32)
         return {"slots": slots, "globals": glob, "slot_mask": mask.astype(np.int8)}
 
     def _queue_full(self) -> bool:

@@ -7,6 +7,7 @@ bank built elsewhere either works everywhere or fails loudly at load time.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,7 @@ class CurveSet:
     lr: np.ndarray  # (n,) float64
     losses: np.ndarray  # (n, cap) float64
 
-    @property
+    @functools.cached_property
     def avg(self) -> np.ndarray:
         return np.cumsum(self.losses, axis=1) / np.arange(1, self.cap + 1)
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from mara_fm.bank import load_bank, save_bank
 from mara_fm.families import FAMILIES
+from mara_fm.profile import PROJECT_ROOT
 
 CHUNK = 10
 SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
@@ -120,6 +121,11 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path
     save_bank(frame, path)
     (parts / "timing.json").write_text(json.dumps({"curves_built": todo, "seconds": elapsed}))
     return path
+
+
+def default_bank_path(profile: str) -> Path:
+    """Where `mara curves --profile P` writes its bank: data/banks/<P>.parquet."""
+    return PROJECT_ROOT / "data" / "banks" / f"{Path(profile).stem}.parquet"
 
 
 def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:

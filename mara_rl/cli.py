@@ -6,20 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from mara_fm.profile import PROJECT_ROOT, ConfigError, section_config
-
-DATA = PROJECT_ROOT / "data"
-
-
-def default_bank(profile: str) -> Path:
-    return DATA / "banks" / f"{Path(profile).stem}.parquet"
+from mara_fm.build_bank import default_bank_path
+from mara_fm.profile import ConfigError, section_config
+from mara_rl import scheduler_commands
 
 
 def cmd_curves(args: argparse.Namespace) -> None:
     from mara_fm.build_bank import BankConfig, build_bank
 
     cfg = section_config(BankConfig, args.profile, "bank", workers=args.workers)
-    out = Path(args.out) if args.out else default_bank(args.profile)
+    out = Path(args.out) if args.out else default_bank_path(args.profile)
     path = build_bank(cfg, out, progress=True)
     print(f"bank written: {path}")
 
@@ -33,7 +29,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from mara_fm.build_bank import BankConfig, ensure_bank
     from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, markdown_table
 
-    bank = Path(args.bank) if args.bank else default_bank(args.profile)
+    bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank))
@@ -56,7 +52,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from mara_fm.build_bank import BankConfig, ensure_bank
     from mara_rl.bench import run_bench
 
-    bank = Path(args.bank) if args.bank else default_bank(args.profile)
+    bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="test")
@@ -93,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20_000)
     p.add_argument("--skip-bank", action="store_true", help="skip the bank build-rate benchmark")
     p.set_defaults(func=cmd_bench)
+
+    scheduler_commands.register(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ the env (LARA reads WLS predictions, LARA-FM reads FM predictions).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -65,6 +66,8 @@ def builtin_methods(fm_path: str | None = None) -> dict[str, Method]:
         "fifo": Method("fifo", "wls", classic("fifo")),
         "edf": Method("edf", "wls", classic("edf")),
         "lara": Method("lara", "wls", classic("lara")),
+        # LARA fed the true remaining demand: the room a better predictor can win.
+        "lara_oracle": Method("lara_oracle", "oracle", classic("lara")),
         "oracle": Method("oracle", "oracle", None),
     }
     if fm_path:
@@ -80,18 +83,20 @@ def frozen_episodes(bank: Path, task_set: str, split: str, load: float, root: in
                     horizon: int, workload: WorkloadConfig, scenario: str = "default") -> list[Episode]:
     """Load the frozen episodes of one root, generating and saving them the first time."""
     tag = "stress" if scenario == "stress" else f"p{load:.3f}"
-    path = EPISODE_DIR / bank.stem / f"{task_set}-{split}-{tag}-root{root}.json"
+    # The workload and horizon are part of the key: changing them never reuses stale episodes.
+    key = hashlib.sha1(json.dumps([asdict(workload), horizon]).encode()).hexdigest()[:8]
+    path = EPISODE_DIR / f"{bank.stem}-{key}" / f"{task_set}-{split}-{tag}-root{root}.json"
     if path.exists():
         episodes = load_episodes(path)
         if len(episodes) >= count:
             return episodes[:count]
-    curves, _, medians = load_curves(bank, task_set, split)
+    curves, _ = load_curves(bank, task_set, split)
     if scenario == "stress":
         episodes = [stress_episode(curves, horizon, seed=root)]
     else:
         rng = np.random.default_rng(episode_root_seed(task_set, split, load, root))
         episodes = [
-            sample_episode(curves, horizon, load, workload, rng, medians,
+            sample_episode(curves, horizon, load, workload, rng, None,
                            {"task_set": task_set, "split": split, "load": load, "root": root, "index": i})
             for i in range(count)
         ]
@@ -130,7 +135,7 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
     diag: dict[str, list[float]] = {k: [] for k in DIAGNOSTICS}
     tasks: list[int] = []
     if method.make is None:
-        curves, _, _ = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
+        curves, _ = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
         for root_eps in episodes:
             per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
             tasks += [len(e) for e in root_eps]

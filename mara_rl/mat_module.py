@@ -1,0 +1,218 @@
+"""The MAT scheduler policy (DESIGN §7) as an RLlib `TorchRLModule`.
+
+An encoder attends over one token per task slot plus one token for the global
+features; its outputs give a centralised value and per-slot representations.
+A decoder then picks an action per node in fixed node order. Node i sees what
+nodes 0..i-1 chose (their inputs are the chosen slots' representations, or a
+learned idle embedding), so the joint policy factorises as
+π(a|o) = Π_i π(a_i | a_<i, o). Slot scores are pointer-style (query of the
+node · key of the slot), which keeps the policy equivariant to how tasks are
+laid out in slots.
+
+Because the decoder is causal, one teacher-forced pass over a stored joint
+action reproduces exactly the per-node logits the sequential sampling loop
+saw. `_forward_train` returns those logits flattened, and RLlib's
+`TorchMultiCategorical` (one categorical per node) then yields
+logp(a|o) = Σ_i log π(a_i | a_<i, o) inside the unmodified PPO loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.distribution.torch.torch_distribution import TorchMultiCategorical
+from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
+from ray.rllib.core.rl_module.rl_module import RLModule
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+from ray.rllib.utils.annotations import override
+from torch import Tensor, nn
+
+# Finite, so that entropies and KLs of masked distributions stay finite;
+# exp() of it underflows to exactly 0, so masked actions are never sampled.
+MASKED_LOGIT = -1e9
+
+
+@dataclass
+class MATConfig:
+    """Network sizes; defaults follow the MAT reference (1 block, 1 head, 64 dims)."""
+
+    embed_dim: int = 64
+    n_heads: int = 1
+    n_blocks: int = 1
+    ff_dim: int = 64
+
+    @classmethod
+    def from_model_config(cls, model_config: dict[str, Any] | None) -> MATConfig:
+        """Pick our keys out of RLlib's model_config (which merges in its own defaults)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (model_config or {}).items() if k in names})
+
+
+class _Attention(nn.Module):
+    """Multi-head attention; `mask` is boolean, True = may attend."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by n_heads {heads}")
+        self.heads = heads
+        self.query = nn.Linear(dim, dim)
+        self.key_value = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, context: Tensor, mask: Tensor) -> Tensor:
+        b, lq, d = x.shape
+        lk, h = context.shape[1], self.heads
+        q = self.query(x).view(b, lq, h, d // h).transpose(1, 2)
+        k, v = self.key_value(context).view(b, lk, 2, h, d // h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))
+        return self.out(y.transpose(1, 2).reshape(b, lq, d))
+
+
+class _Block(nn.Module):
+    """Post-LayerNorm Transformer block: self-attention, optional cross-attention, MLP."""
+
+    def __init__(self, cfg: MATConfig, cross: bool) -> None:
+        super().__init__()
+        d = cfg.embed_dim
+        self.self_attn = _Attention(d, cfg.n_heads)
+        self.norm_self = nn.LayerNorm(d)
+        self.cross_attn = _Attention(d, cfg.n_heads) if cross else None
+        self.norm_cross = nn.LayerNorm(d) if cross else None
+        self.mlp = nn.Sequential(nn.Linear(d, cfg.ff_dim), nn.GELU(), nn.Linear(cfg.ff_dim, d))
+        self.norm_mlp = nn.LayerNorm(d)
+
+    def forward(self, x: Tensor, self_mask: Tensor, context: Tensor | None = None,
+                context_mask: Tensor | None = None) -> Tensor:
+        x = self.norm_self(x + self.self_attn(x, x, self_mask))
+        if self.cross_attn is not None:
+            x = self.norm_cross(x + self.cross_attn(x, context, context_mask))
+        return self.norm_mlp(x + self.mlp(x))
+
+
+class MATModule(TorchRLModule, ValueFunctionAPI):
+    """Encoder over slots, autoregressive decoder over nodes, pooled value head.
+
+    Observation: Dict(slots (K, F), globals (G,), slot_mask (K,)); action:
+    MultiDiscrete([K+1] * N), 0 = idle, j = slot j-1.
+    """
+
+    @override(RLModule)
+    def setup(self) -> None:
+        super().setup()
+        obs, act = self.observation_space, self.action_space
+        if not isinstance(obs, gym.spaces.Dict) or not {"slots", "globals", "slot_mask"} <= set(obs):
+            raise ValueError(f"MATModule needs Dict(slots, globals, slot_mask), got {obs}")
+        self.n_slots, slot_features = obs["slots"].shape
+        if not isinstance(act, gym.spaces.MultiDiscrete) or set(act.nvec.tolist()) != {self.n_slots + 1}:
+            raise ValueError(f"MATModule needs MultiDiscrete([{self.n_slots + 1}] * N), got {act}")
+        self.n_nodes = len(act.nvec)
+        self.cfg = MATConfig.from_model_config(self.model_config)
+        d = self.cfg.embed_dim
+
+        self.slot_embed = nn.Sequential(nn.Linear(slot_features, d), nn.GELU())
+        self.global_embed = nn.Sequential(nn.Linear(obs["globals"].shape[0], d), nn.GELU())
+        self.encoder = nn.ModuleList(_Block(self.cfg, cross=False) for _ in range(self.cfg.n_blocks))
+        self.value_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+
+        self.start_token = nn.Parameter(torch.randn(d) * 0.02)
+        self.idle_embed = nn.Parameter(torch.randn(d) * 0.02)
+        self.node_pos = nn.Parameter(torch.randn(self.n_nodes, d) * 0.02)
+        self.decoder = nn.ModuleList(_Block(self.cfg, cross=True) for _ in range(self.cfg.n_blocks))
+        self.pointer_query = nn.Linear(d, d)
+        self.pointer_key = nn.Linear(d, d)
+        causal = torch.ones(self.n_nodes, self.n_nodes, dtype=torch.bool).tril()
+        self.register_buffer("causal_mask", causal, persistent=False)
+        self._dist_cls = TorchMultiCategorical.get_partial_dist_cls(
+            input_lens=[self.n_slots + 1] * self.n_nodes)
+
+    @override(TorchRLModule)
+    def get_inference_action_dist_cls(self) -> type[TorchMultiCategorical]:
+        # Exploration and train classes default to this one in TorchRLModule.
+        return self._dist_cls
+
+    # ---- network pieces -------------------------------------------------
+    def _encode(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Token representations (B, 1+K, D), global token first, and which tokens exist."""
+        present = obs["slot_mask"] > 0
+        tokens = torch.cat([self.global_embed(obs["globals"].float()).unsqueeze(1),
+                            self.slot_embed(obs["slots"].float())], dim=1)
+        # The global token is always attendable, so no attention row is fully masked.
+        exists = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)
+        for block in self.encoder:
+            tokens = block(tokens, exists.unsqueeze(1))
+        return tokens, exists
+
+    @staticmethod
+    def _pool(tokens: Tensor, exists: Tensor) -> Tensor:
+        weights = exists.unsqueeze(-1).to(tokens.dtype)
+        return (tokens * weights).sum(1) / weights.sum(1)
+
+    def _decode(self, tokens: Tensor, exists: Tensor, actions: Tensor) -> Tensor:
+        """Masked logits (B, N, K+1) of each node given the earlier nodes' `actions`.
+
+        Row i depends on actions[:, :i] only (causal), so this one function
+        serves both the teacher-forced pass and each step of sampling.
+        """
+        b = tokens.shape[0]
+        choices = torch.cat([self.idle_embed.expand(b, 1, -1), tokens[:, 1:]], dim=1)
+        previous = torch.gather(choices, 1, actions[:, :-1, None].expand(-1, -1, choices.shape[-1]))
+        x = torch.cat([self.start_token.expand(b, 1, -1), previous], dim=1) + self.node_pos
+        for block in self.decoder:
+            x = block(x, self.causal_mask.unsqueeze(0), tokens, exists.unsqueeze(1))
+        logits = self.pointer_query(x) @ self.pointer_key(choices).transpose(1, 2)
+        logits = logits / math.sqrt(x.shape[-1])
+
+        chosen = F.one_hot(actions, self.n_slots + 1)
+        taken_before = (chosen.cumsum(1) - chosen) > 0
+        taken_before[..., 0] = False  # idle is not exclusive
+        allowed = exists.unsqueeze(1) & ~taken_before  # exists[:, 0] doubles as "idle allowed"
+        return logits.masked_fill(~allowed, MASKED_LOGIT)
+
+    def _sample(self, obs: dict[str, Tensor], greedy: bool) -> dict[str, Tensor]:
+        tokens, exists = self._encode(obs)
+        b = tokens.shape[0]
+        actions = torch.zeros(b, self.n_nodes, dtype=torch.long, device=tokens.device)
+        rows = []
+        for i in range(self.n_nodes):
+            logits_i = self._decode(tokens, exists, actions)[:, i]
+            if greedy:
+                actions[:, i] = logits_i.argmax(-1)
+            else:
+                actions[:, i] = torch.distributions.Categorical(logits=logits_i).sample()
+            rows.append(logits_i)
+        logits = torch.stack(rows, dim=1)
+        logp = F.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1).sum(-1)
+        return {Columns.ACTIONS: actions, Columns.ACTION_LOGP: logp,
+                Columns.ACTION_DIST_INPUTS: logits.flatten(1)}
+
+    # ---- RLlib forward passes -------------------------------------------
+    @override(TorchRLModule)
+    def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Tensor]:
+        with torch.no_grad():
+            return self._sample(batch[Columns.OBS], greedy=True)
+
+    @override(TorchRLModule)
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Tensor]:
+        with torch.no_grad():
+            return self._sample(batch[Columns.OBS], greedy=False)
+
+    @override(RLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Tensor]:
+        tokens, exists = self._encode(batch[Columns.OBS])
+        logits = self._decode(tokens, exists, batch[Columns.ACTIONS].long())
+        return {Columns.ACTION_DIST_INPUTS: logits.flatten(1),
+                Columns.EMBEDDINGS: self._pool(tokens, exists)}
+
+    @override(ValueFunctionAPI)
+    def compute_values(self, batch: dict[str, Any], embeddings: Tensor | None = None) -> Tensor:
+        if embeddings is None:
+            embeddings = self._pool(*self._encode(batch[Columns.OBS]))
+        return self.value_head(embeddings).squeeze(-1)

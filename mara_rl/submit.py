@@ -1,0 +1,73 @@
+"""Submit scheduler training to a Ray cluster as a job.
+
+The project folder is uploaded as the job's working dir (without data, the
+venv, the MLflow store or run outputs), the tracking URI travels in the
+job's environment so its MLflow run lands in the same store, and the job
+runs `python -m mara_rl.scheduler_commands train-scheduler <flags>` with the
+Python found on the PATH of whoever ran `ray start`: start the head from the
+project venv.
+
+Ray 2.60 clusters use token authentication by default. The token is read
+like Ray itself does ($RAY_AUTH_TOKEN, else the file at $RAY_AUTH_TOKEN_PATH,
+else ~/.ray/auth_token) and sent as a bearer header; RAY_AUTH_MODE=disabled
+skips it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from pathlib import Path
+
+from mara_fm.profile import PROJECT_ROOT
+from mara_fm.tracking import tracking_uri
+
+UPLOAD_EXCLUDES = [
+    ".git", "/.venv", "/data", "/artifacts", "/reports", "/mlruns", "/mlflow.db", "*.egg-info",
+    "__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", ".stamps",
+]
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def auth_headers() -> dict[str, str]:
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return {}
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        token = path.read_text().strip() if path.exists() else ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def submit_training(train_argv: list[str], address: str | None = None, wait: bool = False,
+                    timeout_s: float = 24 * 3600.0, poll_s: float = 5.0,
+                    mlflow_uri: str | None = None, echo_logs: bool = True) -> tuple[str, str]:
+    """Submit; with `wait`, poll until the job ends (or `timeout_s`). Returns (job id, status)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS,
+                                 headers=auth_headers())
+    entrypoint = "python -m mara_rl.scheduler_commands train-scheduler " + shlex.join(train_argv)
+    job_id = client.submit_job(
+        entrypoint=entrypoint,
+        runtime_env={
+            "working_dir": str(PROJECT_ROOT),
+            "excludes": UPLOAD_EXCLUDES,
+            "env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri or tracking_uri(), "PYTHONUNBUFFERED": "1"},
+        },
+        metadata={"project": "mara", "stage": "scheduler", "argv": shlex.join(train_argv)},
+    )
+    if not wait:
+        return job_id, str(client.get_job_status(job_id).value)
+    deadline, shown = time.monotonic() + timeout_s, 0
+    while True:
+        status = str(client.get_job_status(job_id).value)
+        if echo_logs:
+            logs = client.get_job_logs(job_id)
+            print(logs[shown:], end="", flush=True)
+            shown = len(logs)
+        if status in TERMINAL or time.monotonic() > deadline:
+            return job_id, status
+        time.sleep(poll_s)

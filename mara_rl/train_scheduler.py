@@ -1,0 +1,296 @@
+"""Train the MAT scheduler with RLlib's PPO inside the simulator (DESIGN §7).
+
+The frozen predictor runs inside `mara_env/MultiNode-v0`; γ = 1 so the
+return is the shaped success count (DESIGN §4). Every iteration is
+checkpointed into the output folder, and a rerun with the same folder
+resumes where it stopped (same MLflow run). The trained policy is exported
+as a plain state dict plus a JSON description, so evaluation can load it
+with `load_policy` and act with `act` without building an Algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from mara_env import ENV_ID
+from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
+from mara_fm.predictors import make_predictor
+from mara_fm.tracking import mlflow_run
+from mara_rl.mat_module import MATConfig, MATModule
+
+EXPERIMENT = "mara-scheduler"
+POLICY_WEIGHTS, POLICY_SPEC = "policy.pt", "policy.json"
+# Operational settings a resume may change; anything else must match the run being resumed.
+RESUMABLE_CHANGES = ("iterations", "num_env_runners", "torch_threads", "eval_every")
+EPISODE_METRICS = ("success_rate", "episode_successes", "episode_tasks", "utilisation",
+                   "episode_invalid_actions")
+
+
+@dataclass
+class SchedulerConfig:
+    """Every knob of scheduler training; profile section `[scheduler]`."""
+
+    # What the env runs.
+    predictor: str = "wls"  # wls | oracle | fm (the model at fm_path) | fm:<path>
+    fm_path: str = ""
+    beta: float = 0.1
+    seed: int = 0
+    # PPO (MAT reference: clip 0.05-0.2, entropy 0.01, GAE λ 0.95, 10-15 epochs).
+    iterations: int = 150
+    train_batch_size: int = 8000
+    minibatch_size: int = 1000
+    num_epochs: int = 10
+    lr: float = 5e-4
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    clip_param: float = 0.2
+    entropy_coeff: float = 0.01
+    vf_loss_coeff: float = 0.5
+    vf_clip_param: float = 1e4  # RLlib's 10 would zero the value gradient: returns reach ~20
+    kl_coeff: float = 0.0  # MAT uses no KL penalty
+    grad_clip: float = 10.0
+    # Network (MATConfig).
+    embed_dim: int = 64
+    n_heads: int = 1
+    n_blocks: int = 1
+    ff_dim: int = 64
+    # Sampling.
+    num_env_runners: int = 2
+    num_envs_per_env_runner: int = 8
+    torch_threads: int = 1  # learner threads in the driver; tiny matrices gain nothing from more
+    # Evaluation on ID validation episodes (greedy).
+    eval_every: int = 5
+    eval_episodes: int = 8
+    eval_seed: int = 1_000_000
+
+    def mat_config(self) -> MATConfig:
+        return MATConfig(self.embed_dim, self.n_heads, self.n_blocks, self.ff_dim)
+
+    def predictor_spec(self) -> str:
+        if self.predictor == "fm":
+            if not self.fm_path:
+                raise ValueError("predictor 'fm' needs fm_path (--fm PATH) to an exported FM predictor")
+            return f"fm:{Path(self.fm_path).resolve()}"
+        return self.predictor
+
+
+# ---------------------------------------------------------------- env and metrics
+def make_env(env_config: dict[str, Any]) -> MultiNodeEnv:
+    """Env creator for RLlib's registry, which works in every Ray worker process."""
+    return MultiNodeEnv(**{k: v for k, v in env_config.items() if k != "num_envs"})
+
+
+class EpisodeMetrics(RLlibCallback):
+    """Per-iteration means of the env's end-of-episode summary and of the shaped return.
+
+    RLlib's own `episode_return_mean` is smoothed over 100 episodes; these
+    are reset at every iteration (the "mean" stat clears on reduce).
+    """
+
+    def on_episode_end(self, *, episode: Any, prev_episode_chunks: list[Any] | None = None,
+                       metrics_logger: Any = None, **kwargs: Any) -> None:
+        info = episode.get_infos(-1)
+        for key in EPISODE_METRICS:
+            if key in info:
+                metrics_logger.log_value(key, float(info[key]), reduce="mean")
+        chunks = [*(prev_episode_chunks or []), episode]
+        metrics_logger.log_value("shaped_return", sum(c.get_return() for c in chunks), reduce="mean")
+
+
+def module_spec(env_cfg: EnvConfig, mat: MATConfig) -> RLModuleSpec:
+    obs, act = make_spaces(env_cfg.n_nodes, env_cfg.n_slots)
+    return RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act,
+                        model_config=asdict(mat))
+
+
+# ---------------------------------------------------------------- policy export / use
+def export_policy(module: MATModule, path: Path) -> Path:
+    """Weights + sizes; enough to rebuild the module without RLlib's Algorithm."""
+    path.mkdir(parents=True, exist_ok=True)
+    spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg)}
+    torch.save(module.state_dict(), path / POLICY_WEIGHTS)
+    (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
+    return path
+
+
+def load_policy(path: str | Path) -> MATModule:
+    """The exported MAT module, in eval mode, on CPU."""
+    path = Path(path)
+    for name in (POLICY_SPEC, POLICY_WEIGHTS):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path / name}: exported policy file missing "
+                                    "(train one with `mara train-scheduler`)")
+    spec = json.loads((path / POLICY_SPEC).read_text())
+    obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"])
+    module = RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
+                          model_config=spec["model_config"]).build()
+    module.load_state_dict(torch.load(path / POLICY_WEIGHTS, map_location="cpu", weights_only=True))
+    return module.eval()
+
+
+def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
+    """Greedy joint action(s) for one observation (N,) or a stacked batch (B, N)."""
+    single = np.ndim(obs["slot_mask"]) == 1
+    batch = {k: torch.as_tensor(np.asarray(v)) for k, v in obs.items()}
+    if single:
+        batch = {k: v.unsqueeze(0) for k, v in batch.items()}
+    actions = module.forward_inference({Columns.OBS: batch})[Columns.ACTIONS].numpy()
+    return actions[0] if single else actions
+
+
+def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: int) -> dict[str, float]:
+    """Greedy rollouts on seeded validation episodes, stepped in lockstep for batched inference."""
+    base = dataclasses.replace(env_cfg, split="val", predictor=make_predictor(env_cfg.predictor))
+    envs = [MultiNodeEnv(dataclasses.replace(base)) for _ in range(episodes)]
+    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+    returns = np.zeros(episodes)
+    finals: list[dict[str, Any] | None] = [None] * episodes
+    while any(f is None for f in finals):
+        live = [i for i, f in enumerate(finals) if f is None]
+        actions = act(module, {k: np.stack([obs[i][k] for i in live]) for k in obs[0]})
+        for i, action in zip(live, actions, strict=True):
+            obs[i], reward, terminated, truncated, info = envs[i].step(action)
+            returns[i] += reward
+            if terminated or truncated:
+                finals[i] = info
+    return {"success_rate": float(np.mean([f["success_rate"] for f in finals])),
+            "shaped_return": float(returns.mean()),
+            "invalid_actions": float(sum(f["episode_invalid_actions"] for f in finals))}
+
+
+# ---------------------------------------------------------------- training
+def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    return (
+        PPOConfig()
+        .environment(ENV_ID, env_config=asdict(env_cfg))
+        .env_runners(num_env_runners=cfg.num_env_runners,
+                     num_envs_per_env_runner=cfg.num_envs_per_env_runner)
+        .learners(num_learners=0)
+        .training(gamma=cfg.gamma, lambda_=cfg.gae_lambda, clip_param=cfg.clip_param,
+                  entropy_coeff=cfg.entropy_coeff, vf_loss_coeff=cfg.vf_loss_coeff,
+                  vf_clip_param=cfg.vf_clip_param, use_kl_loss=cfg.kl_coeff > 0,
+                  kl_coeff=cfg.kl_coeff, grad_clip=cfg.grad_clip, lr=cfg.lr,
+                  num_epochs=cfg.num_epochs, minibatch_size=cfg.minibatch_size,
+                  train_batch_size_per_learner=cfg.train_batch_size)
+        .rl_module(rl_module_spec=module_spec(env_cfg, cfg.mat_config()))
+        .callbacks(EpisodeMetrics)
+        .debugging(seed=cfg.seed)
+    )
+
+
+def iteration_metrics(result: dict[str, Any], seconds: float, steps: float) -> dict[str, float]:
+    runners = result.get("env_runners", {})
+    learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
+    picked = {
+        "success_rate": runners.get("success_rate"),
+        "shaped_return": runners.get("shaped_return"),
+        "episodes": runners.get("num_episodes"),
+        "invalid_actions": runners.get("episode_invalid_actions"),
+        "policy_loss": learner.get("policy_loss"),
+        "vf_loss": learner.get("vf_loss"),
+        "vf_explained_var": learner.get("vf_explained_var"),
+        "entropy": learner.get("entropy"),
+        "kl": learner.get("mean_kl_loss"),
+        "env_steps_per_s": steps / seconds if seconds > 0 else None,
+        "iteration_seconds": seconds,
+    }
+    return {k: float(v) for k, v in picked.items() if v is not None and math.isfinite(float(v))}
+
+
+def _state_path(out_dir: Path) -> Path:
+    return out_dir / "state.json"
+
+
+def _comparable(cfg: SchedulerConfig, env_cfg: EnvConfig) -> dict[str, Any]:
+    """What must match for a resume to continue the same experiment."""
+    scheduler = {k: v for k, v in asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+    return json.loads(json.dumps({"scheduler": scheduler, "env": asdict(env_cfg)}, default=str))
+
+
+def _save_checkpoint(algo: Any, out_dir: Path) -> Path:
+    """Write next to the old checkpoint, then swap, so a crash never leaves none."""
+    final, tmp, old = out_dir / "checkpoint", out_dir / "checkpoint.tmp", out_dir / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    algo.save_to_path(str(tmp.resolve()))
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str | None = None,
+          fresh: bool = False) -> Path:
+    """PPO until `cfg.iterations`; returns the exported policy folder."""
+    import ray
+    from ray.tune.registry import register_env
+
+    out_dir = out_dir.resolve()
+    if fresh:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = json.loads(_state_path(out_dir).read_text()) if _state_path(out_dir).exists() else {}
+    if state and state["config"] != _comparable(cfg, env_cfg):
+        raise ValueError(f"{out_dir} holds a run with a different config; use --fresh or another --out")
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.torch_threads)
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    register_env(ENV_ID, make_env)
+    algo = ppo_config(cfg, env_cfg).build_algo()
+    checkpoint = out_dir / "checkpoint"
+    if state and checkpoint.exists():
+        algo.restore_from_path(str(checkpoint))
+    evaluator = module_spec(env_cfg, cfg.mat_config()).build()
+
+    def sync_evaluator() -> MATModule:
+        evaluator.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
+        return evaluator
+
+    tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir}
+    with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
+        import mlflow
+
+        if not state:
+            mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
+                               **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
+        steps_before = float(state.get("env_steps", 0))
+        while algo.iteration < cfg.iterations:
+            start = time.perf_counter()
+            result = algo.train()
+            seconds = time.perf_counter() - start
+            steps = float(result.get("num_env_steps_sampled_lifetime", steps_before))
+            metrics = iteration_metrics(result, seconds, steps - steps_before)
+            steps_before = steps
+            it = algo.iteration
+            if cfg.eval_every > 0 and (it % cfg.eval_every == 0 or it == cfg.iterations):
+                scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
+                metrics.update({f"val_{k}": v for k, v in scores.items()})
+            mlflow.log_metrics(metrics, step=it)
+            _save_checkpoint(algo, out_dir)
+            state = {"iteration": it, "env_steps": steps, "mlflow_run_id": run.info.run_id,
+                     "config": _comparable(cfg, env_cfg)}
+            _state_path(out_dir).write_text(json.dumps(state, indent=1))
+            print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
+                  flush=True)
+        policy = export_policy(sync_evaluator(), out_dir / "policy")
+        mlflow.log_artifacts(str(policy), artifact_path="policy")
+    algo.stop()
+    return policy

@@ -1,0 +1,128 @@
+"""Scheduler training submitted as a real Ray job, logging to a real MLflow server.
+
+Starts its own Ray head (token auth, its own ports and temp dir) and MLflow
+server on loopback, and stops exactly those process groups afterwards, so
+other Ray clusters on the machine are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mara_rl.submit import submit_training
+from mara_rl.train_scheduler import EXPERIMENT
+
+pytestmark = pytest.mark.integration
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def wait_for(url: str, timeout_s: float) -> None:
+    """Until the server answers at all (an auth error counts: it is up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not come up in {timeout_s:.0f} s")
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the leader (lets `ray start --block` shut its children down), then kill the group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.fixture()
+def services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    token = secrets.token_hex(16)
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    env.pop("RAY_ADDRESS", None)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+    gcs, dash, client, agent, agent_grpc, rt_agent, metrics, nm, om, ml = free_ports(10)
+    ray_tmp = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: socket paths are length-limited
+    head = subprocess.Popen(
+        [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+         f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+         f"--runtime-env-agent-port={rt_agent}", f"--metrics-export-port={metrics}",
+         f"--node-manager-port={nm}", f"--object-manager-port={om}", "--num-cpus=2",
+         "--disable-usage-stats", f"--temp-dir={ray_tmp}"],
+        env=env, stdout=open(tmp_path / "ray.log", "w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    mlflow_server = subprocess.Popen(
+        [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(ml), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--artifacts-destination", str(tmp_path / "mlartifacts")],
+        env=env, stdout=open(tmp_path / "mlflow.log", "w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        wait_for(f"http://127.0.0.1:{dash}/api/version", 90)
+        wait_for(f"http://127.0.0.1:{ml}/health", 90)
+        yield {"ray": f"http://127.0.0.1:{dash}", "mlflow": f"http://127.0.0.1:{ml}"}
+    finally:
+        stop_group(head, grace_s=30)
+        stop_group(mlflow_server, grace_s=10)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_training_job_succeeds_and_logs_to_mlflow(services: dict[str, str], smoke_bank: Path,
+                                                  tmp_path: Path) -> None:
+    import mlflow
+
+    out = tmp_path / "run"
+    argv = ["--profile", "smoke", "--bank", str(smoke_bank), "--out", str(out),
+            "--num-env-runners", "0", "--run-name", "ray-job-test"]
+    job_id, status = submit_training(argv, address=services["ray"], wait=True, timeout_s=150,
+                                     poll_s=3, mlflow_uri=services["mlflow"], echo_logs=False)
+    assert status == "SUCCEEDED", f"job {job_id} ended {status}; see {tmp_path / 'ray.log'}"
+    assert (out / "policy" / "policy.pt").exists()
+
+    client = mlflow.MlflowClient(services["mlflow"])
+    (experiment,) = [e for e in client.search_experiments() if e.name == EXPERIMENT]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "ray-job-test" and run.info.status == "FINISHED"
+    for key in ("policy_loss", "vf_loss", "entropy", "env_steps_per_s", "val_success_rate"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "policy")} == {
+        "policy/policy.pt", "policy/policy.json"}

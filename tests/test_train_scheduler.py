@@ -1,0 +1,82 @@
+"""A tiny PPO run end to end: metrics, checkpoint, resume, exported policy."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_fm.profile import section_config
+from mara_rl.scheduler_commands import add_train_arguments, train_argv
+from mara_rl.train_scheduler import (
+    EXPERIMENT,
+    SchedulerConfig,
+    act,
+    load_policy,
+    train,
+)
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A small local Ray for this module, unless one is already up."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
+                                        ray_local: None) -> None:
+    cfg = section_config(SchedulerConfig, "smoke", "scheduler", train_batch_size=200,
+                         minibatch_size=100, eval_episodes=2)
+    env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
+    out = tmp_path / "run"
+
+    policy = train(cfg, env_cfg, out, run_name="tiny")
+    assert (out / "checkpoint" / "rllib_checkpoint.json").exists()
+    client = mlflow.MlflowClient(mlflow_store)
+    (run,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
+    for key in ("success_rate", "shaped_return", "policy_loss", "vf_loss", "entropy",
+                "env_steps_per_s", "val_success_rate"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
+    assert run.data.params["scheduler.gamma"] == "1.0"
+
+    # Resume: the same run folder continues to the new total, in the same MLflow run.
+    train(dataclasses.replace(cfg, iterations=3), env_cfg, out)
+    (again,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
+    assert again.info.run_id == run.info.run_id
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
+    with pytest.raises(ValueError, match="different config"):
+        train(dataclasses.replace(cfg, iterations=4, lr=1e-3), env_cfg, out)
+
+    module = load_policy(policy)
+    env = MultiNodeEnv(dataclasses.replace(env_cfg, split="test", strict=True))
+    obs, _ = env.reset(seed=7)
+    terminated = False
+    while not terminated:
+        action = act(module, obs)
+        assert action.shape == (env_cfg.n_nodes,) and action.dtype.kind == "i"
+        assert np.array_equal(action, act(module, obs))  # greedy: deterministic
+        obs, _, terminated, _, info = env.step(action)
+    assert info["episode_invalid_actions"] == 0
+
+
+def test_submit_forwards_absolute_paths() -> None:
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--profile", "smoke", "--bank", "b.parquet", "--beta", "0", "--fresh"])
+    argv = train_argv(args)
+    assert argv[:2] == ["--profile", "smoke"] and "--fresh" in argv
+    assert Path(argv[argv.index("--bank") + 1]).is_absolute()
+    assert argv[argv.index("--beta") + 1] == "0.0"
