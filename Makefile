@@ -6,8 +6,14 @@ PY      := $(VENV)/bin/python
 MARA    := $(VENV)/bin/mara
 BANK    := data/banks/$(PROFILE).parquet
 EVAL    := reports/$(PROFILE)/evaluation
+FM      := artifacts/predictor/$(PROFILE)/predictor
+SEED    ?= 0
+BETA    ?= 0.1
+PREDICTOR ?= fm
+SCHED   := artifacts/scheduler/$(PROFILE)-$(PREDICTOR)-beta$(BETA)-seed$(SEED)
 
-.PHONY: setup test lint curves evaluate bench mlflow-ui clean
+.PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
+	evaluate bench mlflow-ui clean
 
 setup: $(VENV)/.installed
 
@@ -29,6 +35,25 @@ test: lint
 curves: $(BANK)
 $(BANK): $(VENV)/.installed
 	$(MARA) curves --profile $(PROFILE) --out $@
+
+train-predictor: $(FM)/config.json
+$(FM)/config.json: $(BANK)
+	$(MARA) train-predictor --profile $(PROFILE) --bank $(BANK)
+
+eval-predictor: reports/predictor/$(PROFILE)/predictor_eval.json
+reports/predictor/$(PROFILE)/predictor_eval.json: $(FM)/config.json
+	$(MARA) eval-predictor --profile $(PROFILE) --bank $(BANK) --predictor-path $(FM)
+
+# MARA: PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation.
+train-scheduler: $(SCHED)/policy/policy.json
+$(SCHED)/policy/policy.json: $(FM)/config.json
+	$(MARA) train-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
+		--beta $(BETA) --seed $(SEED) --bank $(BANK)
+
+# Needs a running Ray cluster: RAY_ADDRESS=http://HEAD:8265 (see README).
+submit-scheduler: $(FM)/config.json
+	$(MARA) submit-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
+		--beta $(BETA) --seed $(SEED) --bank $(BANK) --wait
 
 evaluate: $(EVAL)/results.json
 $(EVAL)/results.json: $(BANK)

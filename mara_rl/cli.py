@@ -27,7 +27,7 @@ def _csv(text: str) -> list[str]:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from mara_env.env import EnvConfig
     from mara_fm.build_bank import BankConfig, ensure_bank
-    from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, markdown_table
+    from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, learned, markdown_table
 
     bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
     if not args.bank:
@@ -36,11 +36,18 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     eval_cfg = section_config(EvalConfig, args.profile, "evaluation", roots=args.roots,
                               episodes_per_root=args.episodes)
     available = builtin_methods(args.fm)
-    unknown = [m for m in _csv(args.methods) if m not in available]
+    names = _csv(args.methods)
+    for item in _csv(args.policies or ""):
+        name, _, path = item.partition("=")
+        if not path:
+            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR")
+        available[name] = learned(name, path)
+        names.append(name)
+    unknown = [m for m in names if m not in available]
     if unknown:
         raise ConfigError(f"unknown method(s) {unknown}; available: {sorted(available)}"
                           + ("" if args.fm else " (lara_fm needs --fm PATH)"))
-    records = evaluate([available[m] for m in _csv(args.methods)], _csv(args.task_set),
+    records = evaluate([available[m] for m in names], _csv(args.task_set),
                        [float(x) for x in _csv(args.load)], bank, env_cfg, eval_cfg,
                        scenario=args.scenario, out_dir=Path(args.out), log_mlflow=not args.no_mlflow)
     print(markdown_table(records))
@@ -78,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="default")
     p.add_argument("--bank")
     p.add_argument("--fm", help="exported FM predictor (enables lara_fm)")
+    p.add_argument("--policies", help="learned methods as NAME=POLICY_DIR,... "
+                   "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0/policy)")
     p.add_argument("--roots", type=int)
     p.add_argument("--episodes", type=int, help="episodes per evaluation root")
     p.add_argument("--no-mlflow", action="store_true")

@@ -61,6 +61,17 @@ def classic(name: str) -> Callable[[], Decide]:
     return make
 
 
+def learned(name: str, policy_dir: str | Path) -> Method:
+    """An exported MAT policy, run with the predictor it was trained with."""
+    from mara_rl.train_scheduler import act, load_policy, policy_predictor
+
+    def make() -> Decide:
+        module = load_policy(policy_dir)
+        return lambda obs, env: act(module, obs)
+
+    return Method(name, policy_predictor(policy_dir), make)
+
+
 def builtin_methods(fm_path: str | None = None) -> dict[str, Method]:
     methods = {
         "fifo": Method("fifo", "wls", classic("fifo")),

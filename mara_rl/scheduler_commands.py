@@ -1,9 +1,7 @@
 """`train-scheduler` and `submit-scheduler` subcommands.
 
-`register(subparsers)` adds both to the `mara` command line. This module is
-also the entrypoint of a submitted Ray job
-(`python -m mara_rl.scheduler_commands train-scheduler ...`), so a job does
-not depend on how the main CLI is wired.
+`register(subparsers)` adds both to the `mara` command line; a submitted Ray
+job runs `python -m mara_rl.cli train-scheduler ...`.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mara_fm.build_bank import default_bank_path
-from mara_fm.profile import PROJECT_ROOT, ConfigError, section_config
+from mara_fm.profile import PROJECT_ROOT, section_config
 
 # One table drives both the train parser and the argv forwarded to a Ray job.
 TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
@@ -109,18 +107,3 @@ def register(subparsers: Any) -> None:
     p.add_argument("--wait", action="store_true", help="poll until the job ends, echoing its logs")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait with --wait")
     p.set_defaults(func=cmd_submit)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mara_rl.scheduler_commands")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"{args.command}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,7 @@
 The project folder is uploaded as the job's working dir (without data, the
 venv, the MLflow store or run outputs), the tracking URI travels in the
 job's environment so its MLflow run lands in the same store, and the job
-runs `python -m mara_rl.scheduler_commands train-scheduler <flags>` with the
+runs `python -m mara_rl.cli train-scheduler <flags>` with the
 Python found on the PATH of whoever ran `ray start`: start the head from the
 project venv.
 
@@ -49,7 +49,7 @@ def submit_training(train_argv: list[str], address: str | None = None, wait: boo
 
     client = JobSubmissionClient(address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS,
                                  headers=auth_headers())
-    entrypoint = "python -m mara_rl.scheduler_commands train-scheduler " + shlex.join(train_argv)
+    entrypoint = "python -m mara_rl.cli train-scheduler " + shlex.join(train_argv)
     job_id = client.submit_job(
         entrypoint=entrypoint,
         runtime_env={

@@ -58,7 +58,7 @@ class SchedulerConfig:
     gamma: float = 1.0
     gae_lambda: float = 0.95
     clip_param: float = 0.2
-    entropy_coeff: float = 0.01
+    entropy_coeff: float = 0.001  # summed over N nodes: ≈ 0.01 per agent / 7
     vf_loss_coeff: float = 0.5
     vf_clip_param: float = 1e4  # RLlib's 10 would zero the value gradient: returns reach ~20
     kl_coeff: float = 0.0  # MAT uses no KL penalty
@@ -118,10 +118,11 @@ def module_spec(env_cfg: EnvConfig, mat: MATConfig) -> RLModuleSpec:
 
 
 # ---------------------------------------------------------------- policy export / use
-def export_policy(module: MATModule, path: Path) -> Path:
-    """Weights + sizes; enough to rebuild the module without RLlib's Algorithm."""
+def export_policy(module: MATModule, path: Path, predictor: str) -> Path:
+    """Weights + sizes + the predictor it was trained with; loads without an Algorithm."""
     path.mkdir(parents=True, exist_ok=True)
-    spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg)}
+    spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg),
+            "predictor": predictor}
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
@@ -140,6 +141,14 @@ def load_policy(path: str | Path) -> MATModule:
                           model_config=spec["model_config"]).build()
     module.load_state_dict(torch.load(path / POLICY_WEIGHTS, map_location="cpu", weights_only=True))
     return module.eval()
+
+
+def policy_predictor(path: str | Path) -> str:
+    """The predictor spec an exported policy was trained with (the env must run the same)."""
+    spec_path = Path(path) / POLICY_SPEC
+    if not spec_path.exists():
+        raise FileNotFoundError(f"{spec_path}: exported policy file missing")
+    return json.loads(spec_path.read_text())["predictor"]
 
 
 def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -290,7 +299,7 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
             _state_path(out_dir).write_text(json.dumps(state, indent=1))
             print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
                   flush=True)
-        policy = export_policy(sync_evaluator(), out_dir / "policy")
+        policy = export_policy(sync_evaluator(), out_dir / "policy", str(env_cfg.predictor))
         mlflow.log_artifacts(str(policy), artifact_path="policy")
     algo.stop()
     return policy

@@ -13,6 +13,7 @@ import pytest
 
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_fm.profile import section_config
+from mara_rl.evaluate import EvalConfig, evaluate, learned
 from mara_rl.scheduler_commands import add_train_arguments, train_argv
 from mara_rl.train_scheduler import (
     EXPERIMENT,
@@ -70,6 +71,15 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
         assert np.array_equal(action, act(module, obs))  # greedy: deterministic
         obs, _, terminated, _, info = env.step(action)
     assert info["episode_invalid_actions"] == 0
+
+    # The exported policy is an evaluation method, run with the predictor it was trained with.
+    method = learned("mara_wls", policy)
+    assert method.predictor == env_cfg.predictor
+    (record,) = evaluate([method], ["id"], [0.2], smoke_bank, env_cfg,
+                         EvalConfig(roots=1, episodes_per_root=1), log_mlflow=False, progress=False)
+    assert record.method == "mara_wls" and 0.0 <= record.success_rate_mean <= 1.0
+    with pytest.raises(FileNotFoundError, match="policy file missing"):
+        load_policy(tmp_path / "nowhere")
 
 
 def test_submit_forwards_absolute_paths() -> None:

@@ -21,25 +21,39 @@ class WLSPredictor(Predictor):
             raise ValueError(f"WLS forgetting factor gamma={gamma} must be in (0, 1]")
         self.gamma = gamma
         self.ridge = ridge
-        self._grow(512)
+        self._grow(512)  # history length; grown on demand
 
     def _grow(self, length: int) -> None:
-        """Tables of γ^lag and log(i) so a refresh costs no pow/log per point."""
-        self._powers = np.append(self.gamma ** np.arange(length), 0.0)  # last entry: masked
-        self._log_idx = np.log(np.arange(1, length + 1))
+        """Tables that make a refit cost two mat-vec products per batch of tasks.
+
+        With x_i = log i + log B, every weighted moment splits into a part that
+        depends only on n (prefix sums of γ^(n−i)·(log i)^p, tabulated here) and
+        the data terms Σ γ^(n−i)·y_i·(log i)^p = γ^n · Σ γ^(−i)·y_i·(log i)^p.
+        """
+        i = np.arange(1, length + 1)
+        log_i = np.log(i)
+        self._inv_powers = np.stack([self.gamma ** -i, self.gamma ** -i * log_i], axis=1)  # (L, 2)
+        self._powers = self.gamma ** np.arange(length + 1)
+        tables = np.zeros((3, length + 1))
+        for n in range(1, length + 1):
+            tables[:, n] = self.gamma * tables[:, n - 1] + log_i[n - 1] ** np.arange(3)
+        self._tables = tables  # [Σγ^(n−i), Σγ^(n−i)·log i, Σγ^(n−i)·log² i] by n
 
     def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
         n = hist.lengths
         width = hist.avg.shape[1]
-        if width >= len(self._log_idx):
+        if width > len(self._inv_powers):
             self._grow(2 * width)
-        lag = n[:, None] - np.arange(1, width + 1)[None, :]
-        w = self._powers[np.where(lag >= 0, lag, -1)]  # γ^(n−i) on observed points, else 0
-        x = self._log_idx[None, :width] + np.log(hist.batch_size.astype(np.float64))[:, None]
-        y = np.log(np.where(lag >= 0, hist.avg, 1.0))
-        wx, wy = w * x, w * y
-        sw, sx, sy = w.sum(1) + self.ridge, wx.sum(1), wy.sum(1)
-        sxx, sxy = (wx * x).sum(1) + self.ridge, (wx * y).sum(1)
+        observed = np.arange(width) < n[:, None]
+        y = np.log(np.where(observed, hist.avg, 1.0))  # log 1 = 0 beyond the prefix
+        data = (y @ self._inv_powers[:width]) * self._powers[n][:, None]  # Σw·y, Σw·y·log i
+        t0, t1, t2 = self._tables[:, n]
+        log_b = np.log(hist.batch_size.astype(np.float64))
+        sw = t0 + self.ridge
+        sx = t1 + log_b * t0
+        sxx = t2 + 2 * log_b * t1 + log_b**2 * t0 + self.ridge
+        sy = data[:, 0]
+        sxy = data[:, 1] + log_b * sy
         slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
         alpha = (sy - slope * sx) / sw
         b = -slope
