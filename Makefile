@@ -70,3 +70,13 @@ mlflow-ui: setup
 
 clean:
 	rm -rf reports/$(PROFILE) data/episodes
+
+# The whole protocol (bank → predictor → schedulers → evaluation → report); each stage
+# is skipped when its output exists, so a rerun continues where it stopped.
+.PHONY: reproduce report
+reproduce: $(VENV)/.installed
+	$(MARA) reproduce --profile $(PROFILE)
+
+# Rebuild reports/$(PROFILE)/report.md from the evaluation results already written.
+report: $(VENV)/.installed
+	$(MARA) report --profile $(PROFILE)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mara_fm.build_bank import default_bank_path
 from mara_fm.profile import ConfigError, section_config
-from mara_rl import scheduler_commands
+from mara_rl import pipeline, scheduler_commands
 
 
 def cmd_curves(args: argparse.Namespace) -> None:
@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     scheduler_commands.register(sub)
+    pipeline.register(sub)
     return parser
 
 

@@ -42,6 +42,8 @@ class EvalConfig:
     roots: int = 5
     episodes_per_root: int = 8
     split: str = "test"
+    # Training seeds of each learned scheduler that `mara reproduce` trains and evaluates.
+    scheduler_seeds: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Method:
     name: str
     predictor: str
     make: Callable[[], Decide] | None  # None: the Oracle bound, not simulated
+    seed: int | None = None  # scheduler training seed; None for methods that are not trained
 
 
 def classic(name: str) -> Callable[[], Decide]:
@@ -61,15 +64,19 @@ def classic(name: str) -> Callable[[], Decide]:
     return make
 
 
-def learned(name: str, policy_dir: str | Path) -> Method:
-    """An exported MAT policy, run with the predictor it was trained with."""
+def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Method:
+    """An exported MAT policy, run with the predictor it was trained with.
+
+    Several policies may share `name` with different training `seed`s: their
+    records then differ only in `Record.seed`, so seeds are paired by value.
+    """
     from mara_rl.train_scheduler import act, load_policy, policy_predictor
 
     def make() -> Decide:
         module = load_policy(policy_dir)
         return lambda obs, env: act(module, obs)
 
-    return Method(name, policy_predictor(policy_dir), make)
+    return Method(name, policy_predictor(policy_dir), make, seed)
 
 
 def builtin_methods(fm_path: str | None = None) -> dict[str, Method]:
@@ -138,6 +145,7 @@ class Record:
     per_episode: list[float]
     tasks_per_episode: float
     diagnostics: dict[str, float] = field(default_factory=dict)
+    seed: int | None = None  # the method's training seed; per_episode is in the same order for all
 
 
 def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Episode]]) -> dict:
@@ -186,6 +194,7 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
             success_rate_std=float(np.std(root_means, ddof=1)) if len(root_means) > 1 else 0.0,
             per_root=root_means, per_episode=[x for r in out["per_root"] for x in r],
             tasks_per_episode=float(np.mean(out["tasks"])), diagnostics=out["diagnostics"],
+            seed=method.seed,
         ))
     if out_dir is not None:
         write_results(records, Path(out_dir))
@@ -204,8 +213,9 @@ def markdown_table(records: list[Record]) -> str:
 
     for r in records:
         d = r.diagnostics
+        method = r.method if r.seed is None else f"{r.method} (seed {r.seed})"
         lines.append(
-            f"| {r.method} | {r.task_set} | {r.load:.2f} | {r.scenario} | "
+            f"| {method} | {r.task_set} | {r.load:.2f} | {r.scenario} | "
             f"{100 * r.success_rate_mean:.2f} ± {100 * r.success_rate_std:.2f} | "
             f"{r.tasks_per_episode:.2f} | {fmt(d, 'utilisation', 100, 1)} | "
             f"{fmt(d, 'full_queue_fraction', 100, 1)} | {fmt(d, 'waiting_population')} | "
@@ -224,8 +234,11 @@ def log_records(records: list[Record], out_dir: Path | None) -> None:
     """One MLflow run per record, with the same metric names, for the compare view."""
     for r in records:
         tags = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario}
-        with mlflow_run("mara-evaluation", f"{r.method}-{r.task_set}-p{r.load:.2f}-{r.scenario}",
-                        tags) as _:
+        name = f"{r.method}-{r.task_set}-p{r.load:.2f}-{r.scenario}"
+        if r.seed is not None:
+            tags["seed"] = r.seed
+            name += f"-seed{r.seed}"
+        with mlflow_run("mara-evaluation", name, tags) as _:
             import mlflow
 
             mlflow.log_params(tags)

@@ -30,9 +30,17 @@ class HistoryBatch:
     batch_size: np.ndarray  # (B,) int64
     lr: np.ndarray  # (B,) float64
     future: np.ndarray | None = None  # (B, cap) true cumulative averages
+    log_avg: np.ndarray | None = None  # (B, L) log of `avg`, 0 beyond the prefix (optional cache)
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    def log_prefix(self) -> np.ndarray:
+        """log L of the observed points, 0 beyond each prefix."""
+        if self.log_avg is not None:
+            return self.log_avg
+        observed = np.arange(self.avg.shape[1]) < self.lengths[:, None]
+        return np.log(np.where(observed, self.avg, 1.0))
 
     @property
     def current(self) -> np.ndarray:
@@ -41,14 +49,19 @@ class HistoryBatch:
 
     @staticmethod
     def from_curves(curves: np.ndarray, lengths: np.ndarray, batch_size: np.ndarray,
-                    lr: np.ndarray) -> HistoryBatch:
-        """Prefixes of full true curves (B, cap); `future` keeps the curves."""
+                    lr: np.ndarray, log_curves: np.ndarray | None = None) -> HistoryBatch:
+        """Prefixes of full true curves (B, cap); `future` keeps the curves.
+
+        A simulator that replays the same curves many times passes their
+        logarithms once (`log_curves`) instead of taking them at every refresh.
+        """
         lengths = np.asarray(lengths, dtype=np.int64)
         width = int(lengths.max())
         visible = np.arange(width)[None, :] < lengths[:, None]
         avg = np.where(visible, curves[:, :width], np.nan)
+        log_avg = None if log_curves is None else np.where(visible, log_curves[:, :width], 0.0)
         return HistoryBatch(avg, lengths, np.asarray(batch_size, np.int64),
-                            np.asarray(lr, np.float64), curves)
+                            np.asarray(lr, np.float64), curves, log_avg)
 
 
 class Predictor(ABC):
@@ -64,19 +77,19 @@ class Predictor(ABC):
         Tasks already at or below `eps` need 0; tasks with fewer than
         `WARMUP_POINTS` observations get the horizon (warm-up rule).
         """
-        eps = np.asarray(eps, np.float64) * np.ones(len(hist))
-        horizon = np.asarray(horizon, np.float64) * np.ones(len(hist))
+        eps, horizon = _per_task(eps, len(hist)), _per_task(horizon, len(hist))
         done = hist.current <= eps
         ready = ~done
         if self.uses_warmup:
             ready &= hist.lengths >= WARMUP_POINTS
-        out = horizon.copy()
         if ready.all():
-            out = np.clip(self._predict(hist, eps, horizon), 0.0, horizon)
-        elif ready.any():
-            sub = _take(hist, ready)
-            out[ready] = np.clip(self._predict(sub, eps[ready], horizon[ready]), 0.0, horizon[ready])
-        out[done] = 0.0
+            out = np.minimum(np.maximum(self._predict(hist, eps, horizon), 0.0), horizon)
+        else:
+            out = horizon.copy()
+            if ready.any():
+                raw = self._predict(_take(hist, ready), eps[ready], horizon[ready])
+                out[ready] = np.minimum(np.maximum(raw, 0.0), horizon[ready])
+            out[done] = 0.0
         return out
 
     @abstractmethod
@@ -84,8 +97,14 @@ class Predictor(ABC):
         """Raw estimates for tasks past warm-up and still above `eps`."""
 
 
+def _per_task(value: np.ndarray | float, n: int) -> np.ndarray:
+    value = np.asarray(value, np.float64)
+    return np.full(n, value) if value.ndim == 0 else value
+
+
 def _take(hist: HistoryBatch, mask: np.ndarray) -> HistoryBatch:
     return HistoryBatch(
         hist.avg[mask], hist.lengths[mask], hist.batch_size[mask], hist.lr[mask],
         None if hist.future is None else hist.future[mask],
+        None if hist.log_avg is None else hist.log_avg[mask],
     )

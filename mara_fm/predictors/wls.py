@@ -44,8 +44,7 @@ class WLSPredictor(Predictor):
         width = hist.avg.shape[1]
         if width > len(self._inv_powers):
             self._grow(2 * width)
-        observed = np.arange(width) < n[:, None]
-        y = np.log(np.where(observed, hist.avg, 1.0))  # log 1 = 0 beyond the prefix
+        y = hist.log_prefix()  # 0 beyond the prefix, so those points add nothing
         data = (y @ self._inv_powers[:width]) * self._powers[n][:, None]  # Σw·y, Σw·y·log i
         t0, t1, t2 = self._tables[:, n]
         log_b = np.log(hist.batch_size.astype(np.float64))

@@ -1,0 +1,232 @@
+"""`mara reproduce` and `mara report`: the whole protocol of DESIGN §8.
+
+`reproduce` runs bank → FM predictor (+ its evaluation) → schedulers (MARA,
+MARA-WLS and sparse, per seed of `[evaluation] scheduler_seeds`) →
+evaluation of every method (3 task sets at the main load, the stress
+scenario, the load sweep) → report. Each stage is skipped when its output
+file exists, so an interrupted run continues where it stopped; a scheduler
+whose run folder holds a checkpoint but no exported policy resumes from it.
+Delete a stage's output to redo it (and the stages after it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from mara_fm.build_bank import default_bank_path
+from mara_fm.profile import PROJECT_ROOT, profile_path, section_config
+from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
+
+CLASSIC = ("lara", "lara_fm", "fifo", "edf", "oracle")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A learned scheduler: its method name, the predictor in its env, its shaping weight."""
+
+    name: str
+    predictor: str
+    beta: float | None = None  # None: the profile's [scheduler] beta
+
+
+VARIANTS = (Variant("mara", "fm"), Variant("mara_wls", "wls"), Variant("sparse", "fm", 0.0))
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    report: ReportConfig = field(default_factory=ReportConfig)  # task sets and main load too
+    stress_task_set: str = "id"
+    # Figure 4 on ID only: the sweep costs 3 more loads × every method, and the main
+    # evaluation already covers the OOD sets.
+    sweep_loads: tuple[float, ...] = (0.04, 0.05, 0.06, 0.07)
+    sweep_task_sets: tuple[str, ...] = ("id",)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where each stage of a profile writes (the same places the single commands use)."""
+
+    profile: str
+
+    @property
+    def name(self) -> str:
+        return profile_path(self.profile).stem
+
+    @property
+    def bank(self) -> Path:
+        return default_bank_path(self.profile)
+
+    @property
+    def fm(self) -> Path:
+        from mara_fm.train_predictor import default_out_dir
+
+        return default_out_dir(self.profile) / "predictor"
+
+    @property
+    def predictor_eval(self) -> Path:
+        return PROJECT_ROOT / "reports" / "predictor" / self.name / "predictor_eval.json"
+
+    @property
+    def report(self) -> Path:
+        return PROJECT_ROOT / "reports" / self.name
+
+    @property
+    def evaluation(self) -> Path:
+        return self.report / "eval"
+
+    def scheduler(self, variant: Variant, beta: float, seed: int) -> Path:
+        from mara_rl.scheduler_commands import default_out
+
+        return default_out(self.profile, variant.predictor, beta, seed)
+
+
+@dataclass
+class Stage:
+    name: str
+    output: Path  # the stage is done when this file exists
+    run: Callable[[], Any]
+
+
+def run_stages(stages: list[Stage], progress: bool = True) -> None:
+    """One progress bar over all stages, one line per stage as it is skipped or finished."""
+    bar = tqdm(stages, desc="reproduce", unit="stage", disable=not progress)
+    for stage in bar:
+        bar.set_postfix_str(stage.name)
+        if stage.output.exists():
+            tqdm.write(f"[{stage.name}] skipped: {stage.output} exists")
+            continue
+        start = time.perf_counter()
+        stage.run()
+        tqdm.write(f"[{stage.name}] done in {time.perf_counter() - start:.0f}s: {stage.output}")
+
+
+def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> Stage:
+    from mara_env.env import EnvConfig
+    from mara_rl.train_scheduler import SchedulerConfig
+
+    # fm_path only for FM variants: a WLS run's config then matches `mara train-scheduler`'s.
+    cfg = section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
+                         beta=variant.beta, seed=seed,
+                         fm_path=str(paths.fm.resolve()) if variant.predictor == "fm" else None)
+    out = paths.scheduler(variant, cfg.beta, seed)
+
+    def run() -> None:
+        from mara_rl.train_scheduler import train
+
+        env_cfg = section_config(EnvConfig, profile, "env", bank=str(paths.bank.resolve()),
+                                 predictor=cfg.predictor_spec(), beta=cfg.beta, task_set="id",
+                                 split="train")
+        train(cfg, env_cfg, out, run_name=out.name)
+
+    return Stage(f"scheduler {variant.name} seed {seed}", out / "policy" / "policy.json", run)
+
+
+def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
+                      policies: dict[tuple[str, int], Path]) -> list[Stage]:
+    """Main table, stress scenario and load sweep: every method on the same frozen episodes."""
+    from mara_env.env import EnvConfig
+    from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, learned
+
+    def run(name: str, task_sets: list[str], loads: list[float], scenario: str) -> Stage:
+        out = paths.evaluation / name
+
+        def go() -> None:
+            available = builtin_methods(str(paths.fm.resolve()))
+            methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items()]
+            methods += [available[m] for m in CLASSIC]
+            evaluate(methods, task_sets, loads, paths.bank, section_config(EnvConfig, profile, "env"),
+                     section_config(EvalConfig, profile, "evaluation"), scenario=scenario, out_dir=out)
+
+        return Stage(f"evaluate {name}", out / "results.json", go)
+
+    main_load = cfg.report.main_load
+    sweep = [p for p in cfg.sweep_loads if p != main_load]  # the main load comes from "main"
+    return [run("main", list(cfg.report.task_sets), [main_load], "default"),
+            run("stress", [cfg.stress_task_set], [main_load], "stress"),
+            run("sweep", list(cfg.sweep_task_sets), sweep, "default")]
+
+
+def make_report(profile: str, eval_dir: Path | None = None, out_dir: Path | None = None,
+                predictor_eval: Path | None = None, cfg: ReportConfig | None = None,
+                log_mlflow: bool = True) -> Path:
+    """The report from every `results.json` under `eval_dir`; returns report.md's path."""
+    paths = Paths(profile)
+    eval_dir = eval_dir or paths.evaluation
+    results = sorted(eval_dir.rglob("results.json"))
+    if not results:
+        raise FileNotFoundError(f"no results.json under {eval_dir} (run `mara reproduce` or "
+                                "`mara evaluate --out` there first)")
+    out_dir = out_dir or paths.report
+    write_report(load_records(results), out_dir, paths.name, cfg or ReportConfig(),
+                 predictor_eval or paths.predictor_eval, log_mlflow)
+    return out_dir / "report.md"
+
+
+def reproduce(profile: str, cfg: PipelineConfig = PipelineConfig(), progress: bool = True) -> Path:
+    """Every stage of `profile` in order, skipping those already done."""
+    from mara_fm.build_bank import BankConfig, ensure_bank
+    from mara_rl.evaluate import EvalConfig
+
+    paths = Paths(profile)
+    seeds = list(section_config(EvalConfig, profile, "evaluation").scheduler_seeds)
+
+    def train_fm() -> None:
+        from mara_fm.train_predictor import train_predictor
+
+        train_predictor(profile, paths.bank, paths.fm.parent)
+
+    def eval_fm() -> None:
+        from mara_fm.eval_predictor import run_eval
+
+        run_eval(paths.fm, paths.bank, paths.predictor_eval.parent)
+
+    stages = [
+        Stage("bank", paths.bank,
+              lambda: ensure_bank(section_config(BankConfig, profile, "bank"), paths.bank)),
+        Stage("predictor", paths.fm / "config.json", train_fm),
+        Stage("predictor evaluation", paths.predictor_eval, eval_fm),
+    ]
+    schedulers = [(v, seed, scheduler_stage(profile, paths, v, seed)) for seed in seeds for v in VARIANTS]
+    stages += [stage for _, _, stage in schedulers]
+    policies = {(v.name, seed): stage.output for v, seed, stage in schedulers}
+    stages += evaluation_stages(profile, paths, cfg, policies)
+    stages.append(Stage("report", paths.report / REPORT_JSON, lambda: make_report(profile, cfg=cfg.report)))
+    run_stages(stages, progress)
+    return paths.report / "report.md"
+
+
+def cmd_reproduce(args: argparse.Namespace) -> None:
+    print(f"report: {reproduce(args.profile)}")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    path = make_report(args.profile, Path(args.eval_dir) if args.eval_dir else None,
+                       Path(args.out) if args.out else None,
+                       Path(args.predictor_eval) if args.predictor_eval else None,
+                       dataclasses.replace(ReportConfig(), reference=args.reference),
+                       log_mlflow=not args.no_mlflow)
+    print(f"report: {path}")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("reproduce", help="every stage, bank to report (resumable)")
+    p.add_argument("--profile", default="default")
+    p.set_defaults(func=cmd_reproduce)
+
+    p = subparsers.add_parser("report", help="Tables 2-4, load sweep and paired CIs from results")
+    p.add_argument("--profile", default="default")
+    p.add_argument("--eval-dir", help="folder searched for results.json (default reports/<profile>/eval)")
+    p.add_argument("--out", help="report folder (default reports/<profile>)")
+    p.add_argument("--predictor-eval", help="predictor_eval.json for Table 1 "
+                   "(default reports/predictor/<profile>/predictor_eval.json, if present)")
+    p.add_argument("--reference", default="mara", help="method every other is compared against")
+    p.add_argument("--no-mlflow", action="store_true")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,358 @@
+"""The evaluation report: Tables 2–4, the load sweep (Figure 4), paired CIs.
+
+Input is the flat list of `Record`s that `evaluate` wrote (any number of
+`results.json` files). Every number is computed once into `report.json`; the
+Markdown is formatted from those same values, so the two cannot disagree.
+
+Pairing. A *unit* is one frozen episode × one scheduler training seed.
+Within a scope (scenario, load, task sets) a method's value on a unit is its
+success rate on that episode; a method without a seed (FIFO, EDF, LARA,
+Oracle, ...) has the same value for every seed. For a scope spanning several
+task sets (the "mean" column) the unit is (seed, root, episode index) and its
+value is the equal-weight average of the task sets' episodes at that root
+and index: those episodes differ between task sets but are shared by every
+method, so the pairing stays exact. Differences are reference − other,
+resampled over units (`mara_rl.stats`). Units of one episode under different
+seeds are resampled as independent, which is the protocol asked for; it does
+not widen the interval for the correlation between seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mara_rl.evaluate import DIAGNOSTICS, Record, builtin_methods
+from mara_rl.stats import BootstrapConfig, align_seeds, mean_std, paired_bootstrap
+
+REPORT_JSON, REPORT_MD = "report.json", "report.md"
+SWEEP_PNG, COMPARISON_PNG = "load_sweep.png", "comparisons.png"
+MEAN = "mean"  # the column of Table 2 that averages the task sets
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    main_load: float = 0.04
+    task_sets: tuple[str, ...] = ("id", "rl_ood", "vit_ood")
+    reference: str = "mara"
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+
+
+@dataclass
+class Scores:
+    """One method in one scope, averaged over the scope's task sets unit by unit."""
+
+    episodes: dict[int | None, np.ndarray]  # seed → per-episode success rates
+    roots: dict[int | None, np.ndarray]  # seed → per-root success rates
+    tasks_per_episode: float
+    diagnostics: dict[str, float | None]  # None where never measured (the Oracle is not simulated)
+
+    def summary(self) -> dict[str, float]:
+        """Mean ± sample std over seed × root combinations."""
+        mean, std = mean_std(np.concatenate(list(self.roots.values())))
+        return {"mean": mean, "std": std, "n": sum(len(v) for v in self.roots.values()),
+                "tasks_per_episode": self.tasks_per_episode}
+
+
+def load_records(paths: Sequence[str | Path]) -> list[Record]:
+    return [Record(**r) for p in paths for r in json.loads(Path(p).read_text())]
+
+
+def method_names(records: list[Record]) -> list[str]:
+    return list(dict.fromkeys(r.method for r in records))
+
+
+def scores(records: list[Record], method: str, scenario: str, load: float,
+           task_sets: Sequence[str]) -> Scores | None:
+    """The method's scores in a scope, or None where any task set of it was not evaluated."""
+    chosen = [r for r in records if r.method == method and r.scenario == scenario
+              and math.isclose(r.load, load) and r.task_set in task_sets]
+    by_seed: dict[int | None, dict[str, Record]] = {}
+    for r in chosen:
+        by_seed.setdefault(r.seed, {})[r.task_set] = r
+    if not by_seed or any(set(sets) != set(task_sets) for sets in by_seed.values()):
+        return None
+    diag = {k: np.array([r.diagnostics.get(k, math.nan) for r in chosen], float) for k in DIAGNOSTICS}
+    return Scores(
+        episodes={s: np.mean([sets[t].per_episode for t in task_sets], axis=0) for s, sets in by_seed.items()},
+        roots={s: np.mean([sets[t].per_root for t in task_sets], axis=0) for s, sets in by_seed.items()},
+        tasks_per_episode=float(np.mean([r.tasks_per_episode for r in chosen])),
+        diagnostics={k: None if np.isnan(v).all() else float(np.nanmean(v)) for k, v in diag.items()},
+    )
+
+
+def choose_reference(methods: list[str], preferred: str) -> tuple[str | None, str]:
+    """The method every other is compared against, and a note when it is not `preferred`."""
+    if preferred in methods:
+        return preferred, ""
+    classic = set(builtin_methods(fm_path="-"))  # names only; "-" just enables lara_fm
+    trained = [m for m in methods if m not in classic]
+    if trained:
+        return trained[0], f"`{preferred}` was not evaluated: comparisons use `{trained[0]}` instead."
+    return None, f"`{preferred}` and every learned method are absent: MARA comparisons are skipped."
+
+
+def compare(ref: Scores, other: Scores, cfg: BootstrapConfig) -> dict[str, Any]:
+    diff = paired_bootstrap(*align_seeds(ref.episodes, other.episodes), cfg)
+    return {**asdict(diff), "excludes_zero": diff.excludes_zero}
+
+
+def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
+          predictor_eval: list[dict] | None = None) -> dict[str, Any]:
+    """Every number of the report, as plain JSON-ready values."""
+    methods = method_names(records)
+    reference, note = choose_reference(methods, cfg.reference)
+    default = [r for r in records if r.scenario == "default"]
+    task_sets = [t for t in cfg.task_sets if any(r.task_set == t for r in default)]
+    main_scopes = {t: [t] for t in task_sets} | ({MEAN: task_sets} if len(task_sets) > 1 else {})
+
+    def scope_rows(scenario: str, load: float, sets: Sequence[str]) -> dict[str, Scores]:
+        found = {m: scores(records, m, scenario, load, sets) for m in methods}
+        return {m: s for m, s in found.items() if s is not None}
+
+    def comparisons(rows: dict[str, Scores]) -> dict[str, dict]:
+        if reference not in rows:
+            return {}
+        return {m: compare(rows[reference], s, cfg.bootstrap) for m, s in rows.items() if m != reference}
+
+    main = {col: scope_rows("default", cfg.main_load, sets) for col, sets in main_scopes.items()}
+    table2 = {m: {col: main[col][m].summary() for col in main if m in main[col]} for m in methods}
+    diag_scope = main.get(MEAN) or next(iter(main.values()), {})
+
+    stress_sets = sorted({r.task_set for r in records if r.scenario == "stress"})
+    stress_load = next((r.load for r in records if r.scenario == "stress"), cfg.main_load)
+    stress = scope_rows("stress", stress_load, stress_sets) if stress_sets else {}
+
+    # The sweep runs on the task sets evaluated at every load (typically ID alone).
+    loads = sorted({r.load for r in default})
+    sweep_sets = sorted(set.intersection(*({r.task_set for r in default if r.load == p} for p in loads))) \
+        if loads else []
+    sweep = {p: scope_rows("default", p, sweep_sets) for p in loads} if len(loads) > 1 else {}
+
+    return {
+        "reference": reference,
+        "reference_note": note,
+        "main_load": cfg.main_load,
+        "bootstrap": asdict(cfg.bootstrap),
+        "table2": {"columns": list(main), "rows": {m: c for m, c in table2.items() if c}},
+        "table2_comparisons": {col: comparisons(rows) for col, rows in main.items()},
+        "table3": {"task_sets": stress_sets, "rows": {m: s.summary() for m, s in stress.items()}},
+        "table3_comparisons": comparisons(stress),
+        "load_sweep": {"task_sets": sweep_sets, "loads": loads,
+                       "rows": {m: {f"{p:g}": sweep[p][m].summary() for p in loads if m in sweep[p]}
+                                for m in methods if any(m in sweep[p] for p in loads)}},
+        "load_sweep_comparisons": {f"{p:g}": comparisons(rows) for p, rows in sweep.items()},
+        "table4": {m: s.diagnostics for m, s in diag_scope.items()},
+        "predictor": predictor_eval,
+    }
+
+
+# ---------------------------------------------------------------- formatting
+def pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def points(x: float) -> str:
+    return f"{100 * x:+.2f}"
+
+
+def mean_pm_std(cell: dict[str, float]) -> str:
+    return f"{pct(cell['mean'])} ± {pct(cell['std'])}"
+
+
+def interval(c: dict) -> str:
+    text = f"{points(c['mean'])} [{points(c['low'])}, {points(c['high'])}]"
+    return text if c["excludes_zero"] else text + " (includes 0)"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_section(by_column: dict[str, dict[str, dict]], reference: str) -> str:
+    """A CI table (rows: other method, columns: scope) and a plain list of non-significant ones."""
+    columns = [c for c, comps in by_column.items() if comps]
+    if not columns:
+        return ""
+    others = list(dict.fromkeys(m for c in columns for m in by_column[c]))
+    rows = [[m, *(interval(by_column[c][m]) if m in by_column[c] else "–" for c in columns)]
+            for m in others]
+    units = [f"{c} ({next(iter(by_column[c].values()))['units']} units)" for c in columns]
+    unclear = [f"{m} ({c})" for c in columns for m, v in by_column[c].items() if not v["excludes_zero"]]
+    plain = ("The 95% interval includes zero — no significant difference — for: " + ", ".join(unclear)
+             if unclear else "Every 95% interval excludes zero.")
+    return (f"\nPaired difference `{reference}` − other, percentage points, with the 95% "
+            f"bootstrap interval:\n\n{table(['other', *units], rows)}\n{plain}\n")
+
+
+def diagnostic_cell(value: float | None, scale: float, digits: int) -> str:
+    return "–" if value is None else f"{value * scale:.{digits}f}"
+
+
+def render(report: dict[str, Any], profile: str) -> str:
+    """The Markdown report, every number formatted from `report`'s values."""
+    ref = report["reference"]
+    boot = report["bootstrap"]
+    out = [f"# MARA evaluation report — profile `{profile}`\n"]
+    if report["reference_note"]:
+        out.append(f"> {report['reference_note']}\n")
+
+    out.append("## Table 1 — predictor (stage one)\n")
+    if report["predictor"]:
+        from mara_fm.eval_predictor import markdown_table
+
+        out.append(markdown_table(report["predictor"]))
+    else:
+        out.append("Not available: run `mara eval-predictor` first.\n")
+
+    t2 = report["table2"]
+    out.append(f"## Table 2 — end-to-end success rate (%), p = {report['main_load']:g}\n")
+    out.append("Mean ± sample std over seed × root combinations; `mean` weighs the task sets "
+               "equally.\n")
+    out.append(table(["method", *t2["columns"]],
+                     [[m, *(mean_pm_std(cells[c]) if c in cells else "–" for c in t2["columns"])]
+                      for m, cells in t2["rows"].items()]))
+    if ref:
+        out.append(comparison_section(report["table2_comparisons"], ref))
+
+    t3 = report["table3"]
+    out.append("## Table 3 — stress scenario\n")
+    if t3["rows"]:
+        out.append(f"Task sets: {', '.join(t3['task_sets'])}.\n")
+        out.append(table(["method", "success %", "tasks/episode"],
+                         [[m, mean_pm_std(c), f"{c['tasks_per_episode']:.2f}"]
+                          for m, c in t3["rows"].items()]))
+        if ref:
+            out.append(comparison_section({"stress": report["table3_comparisons"]}, ref))
+    else:
+        out.append("Not evaluated.\n")
+
+    sweep = report["load_sweep"]
+    out.append("## Figure 4 — load sweep\n")
+    if sweep["rows"]:
+        cols = [f"{p:g}" for p in sweep["loads"]]
+        first = next(iter(sweep["rows"].values()))
+        out.append(f"Success % per arrival probability p on {', '.join(sweep['task_sets'])}.\n")
+        rows = [[m, *(mean_pm_std(c[p]) if p in c else "–" for p in cols)]
+                for m, c in sweep["rows"].items()]
+        rows.append(["tasks/episode", *(f"{first[p]['tasks_per_episode']:.2f}" if p in first else "–"
+                                        for p in cols)])
+        out.append(table(["method", *(f"p = {p}" for p in cols)], rows))
+        out.append(f"\n![success vs load]({SWEEP_PNG})\n")
+        if ref:
+            out.append(comparison_section({f"p = {p}": c for p, c in
+                                           report["load_sweep_comparisons"].items()}, ref))
+    else:
+        out.append("Not evaluated (needs more than one load).\n")
+
+    out.append(f"## Table 4 — diagnostics, p = {report['main_load']:g} (mean over task sets and "
+               "seeds)\n")
+    out.append(table(["method", "utilisation %", "full queue %", "waiting tasks", "steps to 4 obs."],
+                     [[m, diagnostic_cell(d["utilisation"], 100, 1),
+                       diagnostic_cell(d["full_queue_fraction"], 100, 1),
+                       diagnostic_cell(d["waiting_population"], 1, 2),
+                       diagnostic_cell(d["readiness_steps"], 1, 1)] for m, d in report["table4"].items()]))
+
+    if any(report[k] for k in ("table2_comparisons", "table3_comparisons", "load_sweep_comparisons")):
+        out.append(f"\n![paired differences]({COMPARISON_PNG})\n")
+    out.append("## Pairing and bootstrap\n")
+    out.append(f"A unit is one frozen episode × one scheduler training seed; methods without a "
+               f"seed repeat their value across seeds. Across task sets a unit is (seed, root, "
+               f"episode index) and takes the equal-weight average of the task sets. Intervals: "
+               f"percentile bootstrap of the mean paired difference over units, "
+               f"{boot['resamples']} resamples, seed {boot['seed']}, level {boot['level']:g}.\n")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- figures
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_sweep(report: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    sweep = report["load_sweep"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, cells in sweep["rows"].items():
+        loads = [p for p in sweep["loads"] if f"{p:g}" in cells]
+        mean = [100 * cells[f"{p:g}"]["mean"] for p in loads]
+        std = [100 * cells[f"{p:g}"]["std"] for p in loads]
+        ax.errorbar(loads, mean, yerr=std, marker="o", capsize=3, label=method)
+    ax.set(xlabel="arrival probability p", ylabel="success rate (%)",
+           title=f"Success vs load ({', '.join(sweep['task_sets'])})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
+    """Every paired difference with its interval: which ones clear zero, at a glance."""
+    plt = _pyplot()
+    scoped = [(f"{col}", report["table2_comparisons"][col]) for col in report["table2_comparisons"]]
+    scoped.append(("stress", report["table3_comparisons"]))
+    scoped += [(f"p={p}", c) for p, c in report["load_sweep_comparisons"].items()]
+    items = [(f"{m} · {scope}", c) for scope, comps in scoped for m, c in comps.items()]
+    fig, ax = plt.subplots(figsize=(6.5, 0.28 * len(items) + 1.2))
+    for y, (_, c) in enumerate(items):
+        colour = "tab:blue" if c["excludes_zero"] else "tab:grey"
+        ax.errorbar(100 * c["mean"], y, xerr=[[100 * (c["mean"] - c["low"])], [100 * (c["high"] - c["mean"])]],
+                    fmt="o", color=colour, capsize=2)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(items)), [label for label, _ in items], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"{report['reference']} − other (percentage points, 95% CI)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- entry point
+def write_report(records: list[Record], out_dir: Path, profile: str,
+                 cfg: ReportConfig = ReportConfig(), predictor_eval: Path | None = None,
+                 log_mlflow: bool = True) -> dict[str, Any]:
+    """report.json, report.md and PNGs into `out_dir`; logged as one run in `mara-evaluation`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pred = json.loads(predictor_eval.read_text()) if predictor_eval and predictor_eval.exists() else None
+    report = build(records, cfg, pred)
+    (out_dir / REPORT_JSON).write_text(json.dumps(report, indent=1))
+    (out_dir / REPORT_MD).write_text(render(report, profile))
+    files = [out_dir / REPORT_JSON, out_dir / REPORT_MD]
+    if report["load_sweep"]["rows"]:
+        files.append(plot_sweep(report, out_dir / SWEEP_PNG))
+    if report["reference"]:
+        files.append(plot_comparisons(report, out_dir / COMPARISON_PNG))
+    if log_mlflow:
+        log_report(report, files, profile)
+    return report
+
+
+def log_report(report: dict[str, Any], files: list[Path], profile: str) -> None:
+    import mlflow
+
+    from mara_fm.tracking import mlflow_run
+
+    with mlflow_run("mara-evaluation", f"report-{profile}",
+                    {"kind": "report", "profile": profile, "reference": report["reference"]}):
+        metrics = {f"table2.{m}.{col}": c["mean"] for m, cells in report["table2"]["rows"].items()
+                   for col, c in cells.items()}
+        metrics |= {f"diff.{report['reference']}-{m}.{col}": c["mean"]
+                    for col, comps in report["table2_comparisons"].items() for m, c in comps.items()}
+        mlflow.log_metrics(metrics)
+        for f in files:
+            mlflow.log_artifact(str(f))

@@ -1,0 +1,191 @@
+"""The evaluation report on a tiny smoke evaluation: tables, figures, JSON ↔ Markdown, paired CIs.
+
+No scheduler is trained here: "mara" is EDF run under two fake training
+seeds, which exercises the seed pairing and, since it decides exactly like
+EDF, gives a method-against-itself comparison; "idle" never serves a node.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from mara_env.env import EnvConfig
+from mara_rl.cli import main
+from mara_rl.evaluate import (
+    EvalConfig,
+    Method,
+    Record,
+    builtin_methods,
+    classic,
+    evaluate,
+    write_results,
+)
+from mara_rl.pipeline import Stage, run_stages
+from mara_rl.report import (
+    MEAN,
+    ReportConfig,
+    build,
+    choose_reference,
+    compare,
+    interval,
+    mean_pm_std,
+    scores,
+    write_report,
+)
+from mara_rl.stats import align_seeds, mean_std, paired_bootstrap
+
+TASK_SETS = ["id", "rl_ood", "vit_ood"]
+IDLE = Method("idle", "wls", lambda: lambda obs, env: np.zeros(env.cfg.n_nodes, np.int64))
+PREDICTOR_EVAL = [{"task_set": "id", "predictor": "fm", "n_queries": 12, "capped_mae": 10.5,
+                   "budget_accuracy": 0.75, "mae_reduction_vs_wls": 0.25, "ms_per_prefix": 0.01,
+                   "ms_per_call_7": 0.2},
+                  {"task_set": "id", "predictor": "wls", "n_queries": 12, "capped_mae": 14.0,
+                   "budget_accuracy": 0.70, "ms_per_prefix": 0.002, "ms_per_call_7": 0.05}]
+
+
+@pytest.fixture(scope="module")
+def records(smoke_bank: Path) -> list[Record]:
+    builtin = builtin_methods()
+    methods = [Method("mara", "wls", classic("edf"), seed=s) for s in (0, 1)]
+    methods += [builtin[m] for m in ("lara", "fifo", "edf", "oracle")] + [IDLE]
+    env_cfg, eval_cfg = EnvConfig(bank=str(smoke_bank)), EvalConfig(roots=2, episodes_per_root=1)
+
+    def run(task_sets: list[str], loads: list[float], scenario: str = "default") -> list[Record]:
+        return evaluate(methods, task_sets, loads, smoke_bank, env_cfg, eval_cfg, scenario=scenario,
+                        log_mlflow=False, progress=False)
+
+    return run(TASK_SETS, [0.04]) + run(["id"], [0.04], "stress") + run(["id"], [0.05, 0.06, 0.07])
+
+
+@pytest.fixture(scope="module")
+def written(records: list[Record], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    (out / "predictor_eval.json").write_text(json.dumps(PREDICTOR_EVAL))
+    write_report(records, out, "smoke", predictor_eval=out / "predictor_eval.json", log_mlflow=False)
+    return out
+
+
+def md_row(markdown: str, first_cell: str, after: str) -> str:
+    """The table row starting with `first_cell` in the first table after heading text `after`."""
+    tail = markdown[markdown.index(after):]
+    return next(line for line in tail.splitlines() if line.startswith(f"| {first_cell} |"))
+
+
+def test_every_table_and_figure_is_written(written: Path) -> None:
+    md = (written / "report.md").read_text()
+    for heading in ("Table 1", "Table 2", "Table 3", "Figure 4", "Table 4", "Pairing and bootstrap"):
+        assert f"## {heading}" in md
+    for png in ("load_sweep.png", "comparisons.png"):
+        assert (written / png).stat().st_size > 1000 and f"]({png})" in md
+    report = json.loads((written / "report.json").read_text())
+    assert report["table2"]["columns"] == [*TASK_SETS, MEAN]
+    assert report["load_sweep"]["loads"] == [0.04, 0.05, 0.06, 0.07]
+    assert report["load_sweep"]["task_sets"] == ["id"]
+    assert set(report["table3"]["rows"]) == {"mara", "lara", "fifo", "edf", "oracle", "idle"}
+    assert report["table4"]["oracle"]["utilisation"] is None  # not simulated: shown as "–"
+    assert "| id | fm | 12 | 10.50 |" in md  # stage one's table, formatted by its own module
+
+
+def test_markdown_numbers_come_from_the_json(written: Path) -> None:
+    md = (written / "report.md").read_text()
+    report = json.loads((written / "report.json").read_text())
+    for method, cells in report["table2"]["rows"].items():
+        row = md_row(md, method, "## Table 2")
+        assert row == f"| {method} | " + " | ".join(mean_pm_std(cells[c]) for c in report["table2"]["columns"]) + " |"
+    for col, comps in report["table2_comparisons"].items():
+        for method, c in comps.items():
+            assert interval(c) in md_row(md, method, "Paired difference"), (col, method)
+    for method, c in report["table3"]["rows"].items():
+        assert md_row(md, method, "## Table 3").startswith(f"| {method} | {mean_pm_std(c)} |")
+    for method, cells in report["load_sweep"]["rows"].items():
+        row = md_row(md, method, "## Figure 4")
+        assert all(mean_pm_std(cells[p]) in row for p in cells)
+    tasks = md_row(md, "tasks/episode", "## Figure 4")
+    assert f"{report['load_sweep']['rows']['fifo']['0.07']['tasks_per_episode']:.2f}" in tasks
+    d = report["table4"]["lara"]
+    assert md_row(md, "lara", "## Table 4") == (
+        f"| lara | {100 * d['utilisation']:.1f} | {100 * d['full_queue_fraction']:.1f} | "
+        f"{d['waiting_population']:.2f} | {d['readiness_steps']:.1f} |")
+
+
+def test_seeds_are_units_and_std_is_over_seed_by_root(records: list[Record], written: Path) -> None:
+    report = json.loads((written / "report.json").read_text())
+    assert report["table2"]["rows"]["mara"]["id"]["n"] == 4  # 2 seeds × 2 roots
+    assert report["table2"]["rows"]["lara"]["id"]["n"] == 2
+    assert report["table2_comparisons"]["id"]["lara"]["units"] == 4  # LARA repeated per seed
+    ids = [r for r in records if r.method == "lara" and r.task_set in TASK_SETS and r.load == 0.04
+           and r.scenario == "default"]
+    per_root = np.mean([r.per_root for r in ids], axis=0)  # equal-weight mean of the task sets
+    assert report["table2"]["rows"]["lara"][MEAN]["mean"] == pytest.approx(mean_std(per_root)[0])
+    assert report["table2"]["rows"]["lara"][MEAN]["std"] == pytest.approx(np.std(per_root, ddof=1))
+
+
+def test_a_method_against_itself_is_exactly_zero(written: Path) -> None:
+    report = json.loads((written / "report.json").read_text())
+    x = np.random.default_rng(3).random(30)
+    same = paired_bootstrap(x, x)
+    assert (same.mean, same.low, same.high, same.excludes_zero) == (0.0, 0.0, 0.0, False)
+    # "mara" decides exactly like EDF, under both of its seeds.
+    for comps in [*report["table2_comparisons"].values(), report["table3_comparisons"]]:
+        c = comps["edf"]
+        assert (c["mean"], c["low"], c["high"], c["excludes_zero"]) == (0.0, 0.0, 0.0, False)
+    assert "edf (id)" in (written / "report.md").read_text()  # listed as including zero
+
+
+def test_idle_is_significantly_worse_than_every_method(records: list[Record], written: Path) -> None:
+    report = json.loads((written / "report.json").read_text())
+    for col, comps in report["table2_comparisons"].items():
+        assert comps["idle"]["excludes_zero"] and comps["idle"]["low"] > 0, col
+    for task_sets in ([t] for t in TASK_SETS):
+        idle = scores(records, "idle", "default", 0.04, task_sets)
+        assert idle is not None and all(np.all(v == 0) for v in idle.episodes.values())
+        for method in ("lara", "fifo", "edf", "oracle"):
+            diff = compare(scores(records, method, "default", 0.04, task_sets), idle, ReportConfig().bootstrap)
+            assert diff["excludes_zero"] and diff["mean"] > 0, (method, task_sets)
+
+
+def test_seed_alignment() -> None:
+    a0, a1, b = np.array([1.0, 0.0]), np.array([0.5, 0.5]), np.array([0.25, 0.75])
+    x, y = align_seeds({0: a0, 1: a1}, {None: b})
+    assert np.array_equal(x, [1.0, 0.0, 0.5, 0.5]) and np.array_equal(y, [*b, *b])
+    x, y = align_seeds({0: a0, 1: a1}, {1: b, 2: b})  # only the shared seed 1 pairs
+    assert np.array_equal(x, a1) and np.array_equal(y, b)
+    with pytest.raises(ValueError, match="no shared scheduler seeds"):
+        align_seeds({0: a0}, {1: b})
+
+
+def test_reference_fallback(records: list[Record]) -> None:
+    assert choose_reference(["fifo", "idle", "mara"], "mara") == ("mara", "")
+    ref, note = choose_reference(["fifo", "idle"], "mara")
+    assert ref == "idle" and "instead" in note
+    classic_only = [r for r in records if r.method in ("fifo", "edf", "oracle")]
+    report = build(classic_only)
+    assert report["reference"] is None and report["table2_comparisons"][MEAN] == {}
+    assert "skipped" in report["reference_note"]
+
+
+def test_report_cli_logs_a_run_with_the_files(records: list[Record], tmp_path: Path,
+                                              mlflow_store: str) -> None:
+    write_results(records, tmp_path / "eval" / "all")
+    main(["report", "--profile", "smoke", "--eval-dir", str(tmp_path / "eval"), "--out",
+          str(tmp_path / "out"), "--predictor-eval", str(tmp_path / "absent.json")])
+    assert "Not available" in (tmp_path / "out" / "report.md").read_text()
+    mlflow.set_tracking_uri(mlflow_store)
+    (run,) = mlflow.search_runs(experiment_names=["mara-evaluation"], output_format="list")
+    assert run.info.run_name == "report-smoke" and "table2.mara.mean" in run.data.metrics
+    files = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"report.md", "report.json", "load_sweep.png", "comparisons.png"} <= files
+
+
+def test_stages_with_outputs_are_skipped(tmp_path: Path) -> None:
+    ran: list[str] = []
+    done = tmp_path / "done.json"
+    done.write_text("{}")
+    run_stages([Stage("old", done, lambda: ran.append("old")),
+                Stage("new", tmp_path / "new.json", lambda: ran.append("new"))], progress=False)
+    assert ran == ["new"]
