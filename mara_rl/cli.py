@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mara_fm import commands as predictor_commands
 from mara_fm.build_bank import default_bank_path
 from mara_fm.profile import ConfigError, section_config
 from mara_rl import pipeline, scheduler_commands
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bank", action="store_true", help="skip the bank build-rate benchmark")
     p.set_defaults(func=cmd_bench)
 
+    predictor_commands.register(sub)
     scheduler_commands.register(sub)
     pipeline.register(sub)
     return parser

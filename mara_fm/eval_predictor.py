@@ -1,0 +1,302 @@
+"""Predictor evaluation (DESIGN §5.3): FM against WLS on every test task set.
+
+Query protocol (`make_queries`, settings in `QueryConfig`). Thresholds and
+budgets here do not come from the simulator's workload, so that this stage
+can be evaluated on its own. Per test curve, with one seeded generator
+walking the curves in id order:
+- threshold ε = the family's reference curve at a uniformly drawn batch
+  count t ∈ `eps_batches`; the reference curve is the per-batch median of
+  the family's *train* curves' cumulative averages, or, for a family without
+  train curves (the OOD sets), of the evaluated curves of that family;
+- budget W uniform in `budget_batches` (clipped below the cap). W is drawn
+  rather than set to the cap: with W = cap the remaining budget equals the
+  horizon, every capped estimate reads "feasible" and budget-success accuracy
+  measures nothing;
+- ranks: `ranks` prefix lengths n_r = 4 + ⌊r·(end − 4)/ranks⌋, r = 0..ranks−1,
+  end = min(first batch at or below ε, W), duplicates dropped; only queries
+  whose current L(n) > ε are kept;
+- each query asks for the remaining batches with horizon h/B = cap − n (the
+  remaining generation cap, DESIGN §5's default); truth r* = the true first
+  crossing after n, capped at the horizon; "feasible" means r ≤ W − n.
+FM's sampling settings were chosen on ID val when it was trained
+(`train_predictor.tune_sampling`), never on a test or OOD set.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mara_fm.bank import BankError, CurveSet, load_bank, select
+from mara_fm.predictors import WARMUP_POINTS, HistoryBatch, Predictor, WLSPredictor, first_crossing
+
+EVAL_FILE = "predictor_eval.json"
+LATENCY_BATCH = 256
+ENV_CALL_BATCH = 7  # prefix updates per simulator step at most (one per node)
+
+
+@dataclass(frozen=True)
+class QueryConfig:
+    ranks: int = 8
+    eps_batches: tuple[int, int] = (60, 280)
+    budget_batches: tuple[int, int] = (40, 299)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Queries:
+    """Evaluation queries; `hist.future` holds the true curves."""
+
+    hist: HistoryBatch
+    eps: np.ndarray
+    horizon: np.ndarray  # batches: cap − n
+    budget: np.ndarray  # remaining budget W − n, batches
+    truth: np.ndarray  # true remaining batches, capped at the horizon
+    rank: np.ndarray
+    curve: np.ndarray  # row in the CurveSet
+    n_ranks: int
+
+    def __len__(self) -> int:
+        return len(self.eps)
+
+    def subset(self, rows: np.ndarray) -> Queries:
+        h = self.hist
+        width = int(h.lengths[rows].max())
+        hist = HistoryBatch(h.avg[rows, :width], h.lengths[rows], h.batch_size[rows], h.lr[rows],
+                            h.future[rows])
+        return Queries(hist, self.eps[rows], self.horizon[rows], self.budget[rows],
+                       self.truth[rows], self.rank[rows], self.curve[rows], self.n_ranks)
+
+
+def reference_curves(curves: CurveSet, train: CurveSet | None) -> dict[str, np.ndarray]:
+    """Per-family median cumulative-average curve: from train curves where the family has any."""
+    ref = {}
+    for fam in curves.family_names():
+        pool = train.avg[train.families == fam] if train is not None else np.empty((0, curves.cap))
+        if len(pool) == 0:
+            pool = curves.avg[curves.families == fam]
+        ref[fam] = np.median(pool, axis=0)
+    return ref
+
+
+def make_queries(curves: CurveSet, reference: dict[str, np.ndarray],
+                 cfg: QueryConfig = QueryConfig()) -> Queries:
+    """Queries on `curves` following the protocol in the module docstring."""
+    rng = np.random.default_rng(cfg.seed)
+    avg, cap = curves.avg, curves.cap
+    rows, lengths, eps, budgets, ranks = [], [], [], [], []
+    for i, fam in enumerate(curves.families):
+        t = int(rng.integers(cfg.eps_batches[0], min(cfg.eps_batches[1], cap) + 1))
+        w = int(rng.integers(cfg.budget_batches[0], min(cfg.budget_batches[1], cap - 1) + 1))
+        e = float(reference[fam][t - 1])
+        below = np.flatnonzero(avg[i] <= e)
+        end = min(int(below[0]) + 1 if len(below) else cap, w)
+        if end <= WARMUP_POINTS:
+            continue
+        ns = WARMUP_POINTS + np.arange(cfg.ranks) * (end - WARMUP_POINTS) // cfg.ranks
+        ns, first = np.unique(ns, return_index=True)
+        keep = avg[i, ns - 1] > e
+        for n, r in zip(ns[keep], first[keep], strict=True):
+            rows.append(i)
+            lengths.append(n)
+            eps.append(e)
+            budgets.append(w - n)
+            ranks.append(r)
+    if not rows:
+        raise ValueError("no evaluation queries: every curve reaches its threshold during warm-up")
+    rows_a, n_a = np.asarray(rows), np.asarray(lengths, dtype=np.int64)
+    hist = HistoryBatch.from_curves(avg[rows_a], n_a, curves.batch_size[rows_a], curves.lr[rows_a])
+    eps_a = np.asarray(eps)
+    horizon = (cap - n_a).astype(np.float64)
+    truth = first_crossing(avg[rows_a], n_a, eps_a, horizon)
+    return Queries(hist, eps_a, horizon, np.asarray(budgets, np.float64), truth,
+                   np.asarray(ranks), rows_a, cfg.ranks)
+
+
+def score(pred: np.ndarray, q: Queries) -> dict:
+    """Capped MAE, budget-success accuracy and MAE per query rank."""
+    err = np.abs(np.minimum(pred, q.horizon) - q.truth)
+    by_rank = [float(err[q.rank == r].mean()) if np.any(q.rank == r) else None
+               for r in range(q.n_ranks)]
+    return {
+        "n_queries": len(q),
+        "capped_mae": float(err.mean()),
+        "budget_accuracy": float(np.mean((pred <= q.budget) == (q.truth <= q.budget))),
+        "mae_by_rank": by_rank,
+    }
+
+
+def call_ms(pred: Predictor, q: Queries, batch: int, repeats: int = 30) -> float:
+    """Median wall time (ms) of one `remaining_batches` call on `batch` prefixes."""
+    sub = q.subset(np.arange(batch) % len(q))
+    times = []
+    for _ in range(repeats + 3):
+        start = time.perf_counter()
+        pred.remaining_batches(sub.hist, sub.eps, sub.horizon)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[3:]) * 1e3)
+
+
+def bank_query_sets(frame, cfg: QueryConfig) -> dict[str, tuple[CurveSet, Queries]]:
+    """Queries on the `test` split of every task set the bank holds."""
+    sets = {}
+    for task_set in sorted(frame.loc[frame["split"] == "test", "task_set"].unique()):
+        curves = select(frame, task_set, "test")
+        try:
+            train = select(frame, task_set, "train")
+        except BankError:
+            train = None
+        try:
+            sets[task_set] = (curves, make_queries(curves, reference_curves(curves, train), cfg))
+        except ValueError as exc:
+            raise ValueError(f"task set {task_set!r}: {exc}") from exc
+    return sets
+
+
+def evaluate(predictors: dict[str, Predictor], query_sets: dict[str, tuple[CurveSet, Queries]],
+             timing: bool = True) -> list[dict]:
+    """One record per (predictor, task set); FM records carry the change vs WLS."""
+    records = []
+    for task_set, (_, q) in query_sets.items():
+        by_name = {}
+        for name, pred in predictors.items():
+            rec = {"task_set": task_set, "predictor": name,
+                   **score(pred.remaining_batches(q.hist, q.eps, q.horizon), q)}
+            if timing:
+                rec["ms_per_prefix"] = call_ms(pred, q, LATENCY_BATCH) / LATENCY_BATCH
+                rec["ms_per_call_7"] = call_ms(pred, q, ENV_CALL_BATCH)
+            by_name[name] = rec
+            records.append(rec)
+        if "wls" in by_name:
+            base = by_name["wls"]
+            for name, rec in by_name.items():
+                if name != "wls":
+                    rec["mae_reduction_vs_wls"] = 1 - rec["capped_mae"] / base["capped_mae"]
+                    rec["accuracy_gain_vs_wls"] = rec["budget_accuracy"] - base["budget_accuracy"]
+    return records
+
+
+def markdown_table(records: list[dict]) -> str:
+    lines = ["| task set | predictor | queries | capped MAE | vs WLS | budget acc. | ms/prefix (256) | ms/call (7) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        change = f"{-100 * r['mae_reduction_vs_wls']:+.1f}%" if "mae_reduction_vs_wls" in r else "—"
+        lines.append(
+            f"| {r['task_set']} | {r['predictor']} | {r['n_queries']} | {r['capped_mae']:.2f} | {change} "
+            f"| {100 * r['budget_accuracy']:.1f}% | {r.get('ms_per_prefix', float('nan')):.4f} "
+            f"| {r.get('ms_per_call_7', float('nan')):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_mae_by_rank(records: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = sorted({r["task_set"] for r in records})
+    fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.4), squeeze=False)
+    for ax, task_set in zip(axes[0], sets, strict=True):
+        for r in (r for r in records if r["task_set"] == task_set):
+            vals = [np.nan if v is None else v for v in r["mae_by_rank"]]
+            ax.plot(range(1, len(vals) + 1), vals, marker="o", label=r["predictor"])
+        ax.set(title=task_set, xlabel="query rank (prefix position in budget)", ylabel="capped MAE (batches)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, path: Path) -> Path:
+    """One query: observed prefix, true future, FM's sampled paths, both crossing estimates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # Shown: the rank-2 query whose true crossing sits closest to 40% of its horizon.
+    gap = np.where(q.rank == 2, np.abs(q.truth / q.horizon - 0.4), np.inf)
+    i = int(np.argmin(gap))
+    one = q.subset(np.array([i]))
+    n, b, eps = int(one.hist.lengths[0]), float(one.hist.batch_size[0]), float(one.eps[0])
+    curve = curves.avg[q.curve[i]]
+    s, paths = fm.forecast(one.hist, one.horizon)
+    est = {name: float(p.remaining_batches(one.hist, one.eps, one.horizon)[0])
+           for name, p in (("FM", fm), ("WLS", wls))}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(1, len(curve) + 1)
+    ax.plot(x[:n], curve[:n], "k-", lw=2, label="observed prefix")
+    ax.plot(x[n - 1:], curve[n - 1:], "k--", lw=1, label="true future")
+    for m, path_m in enumerate(paths[0]):
+        ax.plot(s[0] / b, path_m, color="tab:blue", alpha=0.35, lw=1, label="FM samples" if m == 0 else None)
+    ax.axhline(eps, color="grey", lw=0.8, label="threshold ε")
+    ax.axvline(n + one.truth[0], color="k", ls=":", label=f"true crossing (+{one.truth[0]:.0f})")
+    for (name, r), colour, style in zip(est.items(), ("tab:blue", "tab:red"), ("--", "-."), strict=True):
+        ax.axvline(n + r, color=colour, ls=style, lw=1.5, label=f"{name} estimate (+{r:.0f})")
+    ax.set(xlabel="batches", ylabel="cumulative-average loss",
+           title=f"{curves.ids[q.curve[i]]}, prefix {n}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: str | Path,
+             query_cfg: QueryConfig = QueryConfig(), tracking: bool = True,
+             threads: int = 1) -> list[dict]:
+    """Evaluate FM and WLS on every test task set of a bank; write JSON, Markdown, PNGs.
+
+    Runs (and times) with `threads` torch threads: the simulator calls the
+    predictor on a handful of prefixes, where one thread is the fast setting.
+    """
+    from mara_fm.fm_predictor import torch_threads
+
+    with torch_threads(threads):
+        return _run_eval(predictor_path, bank_path, out_dir, query_cfg, tracking, threads)
+
+
+def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path | str,
+              query_cfg: QueryConfig, tracking: bool, threads: int) -> list[dict]:
+    from mara_fm.fm_predictor import FMPredictor
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fm, wls = FMPredictor.load(predictor_path), WLSPredictor()
+    query_sets = bank_query_sets(load_bank(bank_path), query_cfg)
+    records = evaluate({"fm": fm, "wls": wls}, query_sets)
+    settings = {"bank": str(bank_path), "predictor_path": str(predictor_path),
+                "query_protocol": asdict(query_cfg), "torch_threads": threads}
+    for r in records:
+        if r["predictor"] == "fm":
+            r.update(samples=fm.cfg.samples, euler_steps=fm.cfg.euler_steps)
+        r.update(settings)
+    (out_dir / EVAL_FILE).write_text(json.dumps(records, indent=1))
+    (out_dir / "predictor_eval.md").write_text(markdown_table(records))
+    plot_mae_by_rank(records, out_dir / "mae_by_rank.png")
+    first = "id" if "id" in query_sets else next(iter(query_sets))
+    plot_forecast(fm, wls, *query_sets[first], out_dir / "forecast_example.png")
+    if tracking:
+        _log_eval(records, out_dir, settings)
+    return records
+
+
+def _log_eval(records: list[dict], out_dir: Path, settings: dict) -> None:
+    import mlflow
+
+    from mara_fm.tracking import mlflow_run
+
+    with mlflow_run("mara-predictor", run_name="eval", tags={"stage": "eval", **settings}):
+        for r in records:
+            prefix = f"{r['task_set']}.{r['predictor']}"
+            for key in ("capped_mae", "budget_accuracy", "ms_per_prefix", "ms_per_call_7",
+                        "mae_reduction_vs_wls", "accuracy_gain_vs_wls"):
+                if key in r:
+                    mlflow.log_metric(f"{prefix}.{key}", r[key])
+        mlflow.log_artifacts(str(out_dir), "predictor_eval")

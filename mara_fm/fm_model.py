@@ -1,0 +1,140 @@
+"""The FM predictor's network (DESIGN §5.1), plain PyTorch.
+
+history points ─GRU─> h ─┐
+static features ─────────┴─MLP─> context c
+v_θ(z_u, u, c) = MLP(W_z z_u + W_u emb(u) + W_c c + b)   (one linear layer on
+the concatenation, written split so the sampler computes the (u, c) part once
+per call instead of once per sample and step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mara_fm.targets import HISTORY_FEATURES, STATIC_FEATURES
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """Every hyper-parameter of the FM predictor: encoding, network, training, sampling."""
+
+    seed: int = 0
+    # targets and history encoding (targets.py)
+    n_boundaries: int = 32  # H
+    delta: float = 1e-8
+    max_points: int = 12  # GRU steps at most (history thinning, see targets.py)
+    recent_points: int = 6  # latest points always kept
+    # network
+    # Small on purpose: a simulator step may refresh 7 prefixes, and per-op overhead,
+    # not arithmetic, sets the cost of a call at that size.
+    gru_hidden: int = 32
+    context_dim: int = 48
+    width: int = 64  # velocity MLP
+    depth: int = 1  # hidden layers of the velocity MLP after the input layer
+    time_dim: int = 32
+    # training examples (fm_data.py)
+    examples_per_curve: int = 48  # fresh random (prefix, horizon) pairs per train curve per epoch
+    val_examples_per_curve: int = 16  # fixed ones per val curve
+    stats_examples_per_curve: int = 64
+    short_prefix_prob: float = 0.5  # share of examples with a log-uniform prefix length
+    min_horizon: int = 8  # batches
+    full_horizon_prob: float = 0.5  # share of examples whose horizon is the rest of the curve
+    # optimisation (fm_lightning.py)
+    batch_size: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    max_epochs: int = 100
+    grad_clip: float = 1.0
+    # sampling (fm_predictor.py); train_predictor picks (samples, euler_steps) on ID val
+    samples: int = 8  # M
+    euler_steps: int = 4
+    sampler_seed: int = 0
+    sample_choices: tuple[int, ...] = (8, 16)
+    step_choices: tuple[int, ...] = (1, 2, 4)
+    sampling_tolerance: float = 0.02  # take the cheapest setting within 2% of the best val MAE
+
+
+def time_frequencies(dim: int) -> torch.Tensor:
+    """Frequencies of the sinusoidal embedding of u ∈ [0, 1], geometric over 1..1000."""
+    return torch.exp(torch.linspace(0.0, math.log(1000.0), dim // 2))
+
+
+class HistoryEncoder(nn.Module):
+    """GRU over the per-point features; the state after the last real point."""
+
+    def __init__(self, cfg: PredictorConfig) -> None:
+        super().__init__()
+        self.gru = nn.GRU(HISTORY_FEATURES, cfg.gru_hidden, batch_first=True)
+
+    def forward(self, points: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        # Right padding keeps the GRU causal, so the output at count-1 ignores the pad.
+        out, _ = self.gru(points)
+        return out[torch.arange(len(counts), device=out.device), counts - 1]
+
+
+class VelocityField(nn.Module):
+    """An MLP over [z, emb(u), c]; layers are applied with F.linear because at
+    the simulator's batch sizes a module call costs more than its maths."""
+
+    def __init__(self, cfg: PredictorConfig) -> None:
+        super().__init__()
+        self.register_buffer("freqs", time_frequencies(cfg.time_dim), persistent=False)
+        self.z_in = nn.Linear(cfg.n_boundaries, cfg.width)
+        self.u_in = nn.Linear(cfg.time_dim, cfg.width, bias=False)
+        self.c_in = nn.Linear(cfg.context_dim, cfg.width, bias=False)
+        self.hidden = nn.ModuleList(nn.Linear(cfg.width, cfg.width) for _ in range(cfg.depth))
+        self.out = nn.Linear(cfg.width, cfg.n_boundaries)
+
+    def condition(self, u: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """The (u, c) part of the first layer (with its bias); u and c broadcast together."""
+        angles = u[..., None] * self.freqs
+        emb = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+        return F.linear(emb, self.u_in.weight, self.z_in.bias) + F.linear(c, self.c_in.weight)
+
+    def forward(self, z: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """z: (rows, H), cond: (rows, width) from `condition`."""
+        h = torch.addmm(cond, z, self.z_in.weight.t())
+        for layer in self.hidden:
+            h = F.linear(F.silu(h), layer.weight, layer.bias)
+        return F.linear(F.silu(h), self.out.weight, self.out.bias)
+
+
+class FlowModel(nn.Module):
+    """Conditional velocity field v_θ(z_u, u, c(history, static))."""
+
+    def __init__(self, cfg: PredictorConfig) -> None:
+        super().__init__()
+        self.encoder = HistoryEncoder(cfg)
+        self.context = nn.Sequential(
+            nn.Linear(cfg.gru_hidden + STATIC_FEATURES, cfg.context_dim), nn.SiLU(),
+            nn.Linear(cfg.context_dim, cfg.context_dim),
+        )
+        self.field = VelocityField(cfg)
+
+    def encode(self, points: torch.Tensor, counts: torch.Tensor, static: torch.Tensor) -> torch.Tensor:
+        return self.context(torch.cat([self.encoder(points, counts), static], dim=-1))
+
+    def forward(self, z: torch.Tensor, u: torch.Tensor, points: torch.Tensor, counts: torch.Tensor,
+                static: torch.Tensor) -> torch.Tensor:
+        """Velocity at (z_u, u) for a batch of examples; u has shape (E,)."""
+        c = self.encode(points, counts, static)
+        return self.field(z, self.field.condition(u, c))
+
+    def sample(self, c: torch.Tensor, z0: torch.Tensor, steps: int) -> torch.Tensor:
+        """Euler integration of dz/du = v from u = 0 to 1.
+
+        c: (E, context), z0: (M, H) shared starting points → (E, M, H). Rows
+        are laid out flat (E·M, ·) since 2-D matmuls are the fast path on CPU.
+        """
+        n, m = c.shape[0], z0.shape[0]
+        u = torch.arange(steps, device=c.device, dtype=c.dtype) / steps
+        cond = self.field.condition(u[:, None], c[None]).repeat_interleave(m, dim=1)
+        z = z0.repeat(n, 1)
+        for k in range(steps):
+            z = torch.add(z, self.field(z, cond[k]), alpha=1.0 / steps)
+        return z.view(n, m, -1)

@@ -1,0 +1,157 @@
+"""The FM predictor's inference, artifact format and the eval query protocol."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from mara_fm.bank import load_bank, select
+from mara_fm.eval_predictor import QueryConfig, make_queries, reference_curves, score
+from mara_fm.fm_data import Curves, fit_stats
+from mara_fm.fm_model import FlowModel, PredictorConfig
+from mara_fm.fm_predictor import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    ArtifactError,
+    FMPredictor,
+    sobol_normals,
+)
+from mara_fm.predictors import HistoryBatch, first_crossing, make_predictor
+from mara_fm.profile import PROJECT_ROOT
+
+
+@pytest.fixture(scope="module")
+def frame(smoke_bank):
+    return load_bank(smoke_bank)
+
+
+@pytest.fixture(scope="module")
+def predictor(frame) -> FMPredictor:
+    """An untrained but complete predictor: inference and artifacts do not depend on training."""
+    cfg = PredictorConfig(stats_examples_per_curve=8)
+    torch.manual_seed(0)
+    stats = fit_stats(Curves.of(select(frame, "id", "train")), cfg)
+    return FMPredictor(FlowModel(cfg).eval(), cfg, stats)
+
+
+@pytest.fixture(scope="module")
+def queries(frame):
+    test = select(frame, "id", "test")
+    return make_queries(test, reference_curves(test, select(frame, "id", "train")))
+
+
+@pytest.fixture(scope="module")
+def exported(predictor, tmp_path_factory):
+    return predictor.export(tmp_path_factory.mktemp("fm") / "predictor")
+
+
+def _ask(pred, q):
+    return pred.remaining_batches(q.hist, q.eps, q.horizon)
+
+
+def test_export_load_round_trip_and_factory(predictor, queries, exported):
+    expected = _ask(predictor, queries)
+    np.testing.assert_array_equal(_ask(FMPredictor.load(exported), queries), expected)
+    np.testing.assert_array_equal(_ask(make_predictor(f"fm:{exported}"), queries), expected)
+    assert np.all((expected >= 0) & (expected <= queries.horizon))
+
+
+def test_warmup_done_and_batch_independence(predictor, queries):
+    q = queries
+    short = HistoryBatch.from_curves(q.hist.future[:2], np.array([3, 2]), q.hist.batch_size[:2],
+                                     q.hist.lr[:2])
+    np.testing.assert_array_equal(predictor.remaining_batches(short, q.eps[:2], [50.0, 60.0]), [50, 60])
+    assert predictor.remaining_batches(q.hist, np.full(len(q), 1e9), q.horizon).max() == 0
+    together = _ask(predictor, q)
+    np.testing.assert_array_equal(_ask(predictor, q), together)
+    alone = np.array([_ask(predictor, q.subset(np.array([i])))[0] for i in range(0, len(q), 7)])
+    np.testing.assert_allclose(alone, together[::7], rtol=1e-4, atol=1e-3)
+
+
+def test_same_prefix_same_prediction_in_another_process(queries, exported, tmp_path):
+    q = queries
+    np.savez(tmp_path / "q.npz", avg=q.hist.avg, lengths=q.hist.lengths, b=q.hist.batch_size,
+             lr=q.hist.lr, eps=q.eps, horizon=q.horizon)
+    code = (
+        "import json, sys, numpy as np\n"
+        "from mara_fm.fm_predictor import FMPredictor\n"
+        "from mara_fm.predictors import HistoryBatch\n"
+        f"d = np.load({str(tmp_path / 'q.npz')!r})\n"
+        "h = HistoryBatch(d['avg'], d['lengths'], d['b'], d['lr'])\n"
+        f"p = FMPredictor.load({str(exported)!r})\n"
+        "print(json.dumps([float(x).hex() for x in p.remaining_batches(h, d['eps'], d['horizon'])]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PROJECT_ROOT, timeout=120)
+    other = np.array([float.fromhex(x) for x in json.loads(out.stdout.strip().splitlines()[-1])])
+    np.testing.assert_array_equal(other, _ask(FMPredictor.load(exported), q))
+
+
+def test_sobol_starting_points_are_fixed():
+    a, b = sobol_normals(16, 32, 0), sobol_normals(16, 32, 0)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch.isfinite(a).all() and a.shape == (16, 32)
+    assert not torch.equal(a, sobol_normals(16, 32, 1))
+
+
+@pytest.mark.parametrize("damage", ["no_folder", "no_weights", "bad_json", "bad_weights", "wrong_shape"])
+def test_broken_artifact_names_the_file(exported, tmp_path, damage):
+    target = tmp_path / "predictor"
+    if damage != "no_folder":
+        target.mkdir()
+        for f in (CONFIG_FILE, WEIGHTS_FILE):
+            (target / f).write_bytes((exported / f).read_bytes())
+    culprit = WEIGHTS_FILE if damage in ("no_weights", "bad_weights", "wrong_shape") else CONFIG_FILE
+    if damage == "no_weights":
+        (target / WEIGHTS_FILE).unlink()
+    elif damage == "bad_json":
+        (target / CONFIG_FILE).write_text("{not json")
+    elif damage == "bad_weights":
+        (target / WEIGHTS_FILE).write_bytes(b"\x00garbage")
+    elif damage == "wrong_shape":
+        meta = json.loads((target / CONFIG_FILE).read_text())
+        meta["config"]["width"] = 16
+        (target / CONFIG_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match=culprit):
+        FMPredictor.load(target)
+
+
+def test_query_protocol(frame, queries):
+    test = select(frame, "id", "test")
+    q = queries
+    again = make_queries(test, reference_curves(test, select(frame, "id", "train")))
+    np.testing.assert_array_equal(q.eps, again.eps)
+    np.testing.assert_array_equal(q.hist.lengths, again.hist.lengths)
+    assert len(q) > 8 * len(test) // 2
+    assert np.all(q.hist.current > q.eps) and np.all(q.hist.lengths >= 4)
+    assert np.all(q.budget >= 1) and np.all(q.budget < q.horizon)
+    assert set(np.unique(q.rank)) <= set(range(8))
+    np.testing.assert_array_equal(q.horizon, test.cap - q.hist.lengths)
+    np.testing.assert_array_equal(q.truth, first_crossing(test.avg[q.curve], q.hist.lengths, q.eps, q.horizon))
+    other = make_queries(test, reference_curves(test, select(frame, "id", "train")), QueryConfig(seed=1))
+    assert not np.array_equal(other.eps, q.eps)
+
+
+def test_ood_reference_is_own_median(frame):
+    rl = select(frame, "rl_ood", "test")
+    ref = reference_curves(rl, None)
+    fam = rl.families[0]
+    np.testing.assert_allclose(ref[fam], np.median(rl.avg[rl.families == fam], axis=0))
+    q = make_queries(rl, ref)
+    assert np.all(q.hist.current > q.eps)
+
+
+def test_score_by_hand(queries):
+    q = queries.subset(np.arange(4))
+    pred = q.truth + np.array([2.0, -2.0, 0.0, 1e6])
+    out = score(pred, q)
+    expected = np.abs(np.minimum(pred, q.horizon) - q.truth).mean()
+    assert out["capped_mae"] == pytest.approx(expected)
+    truth_ok, pred_ok = q.truth <= q.budget, pred <= q.budget
+    assert out["budget_accuracy"] == pytest.approx(np.mean(truth_ok == pred_ok))
+    assert out["n_queries"] == 4 and len(out["mae_by_rank"]) == 8

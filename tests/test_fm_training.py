@@ -1,0 +1,83 @@
+"""Stage-one training on the smoke bank: learning, resume, MLflow, evaluation and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from mara_fm.commands import register
+from mara_fm.fm_predictor import FMPredictor
+from mara_fm.train_predictor import EXPERIMENT, train_predictor
+
+
+@pytest.fixture(scope="module")
+def trained(smoke_bank, tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        result = train_predictor("smoke", smoke_bank, root / "out", resume=False, verbose=False)
+        yield result, root, mp
+
+
+def test_smoke_training_learns(trained):
+    result, _, _ = trained
+    first, last = result.history[0], result.history[-1]
+    assert last["val/loss"] < first["val/loss"]
+    best = min(h["val/mae"] for h in result.history)
+    assert best < result.constant_val["capped_mae"]
+    chosen = next(r for r in result.sampling if r["chosen"])
+    assert chosen["capped_mae"] < result.constant_val["capped_mae"]
+    fm = FMPredictor.load(result.predictor_path)
+    assert (fm.cfg.samples, fm.cfg.euler_steps) == (chosen["samples"], chosen["euler_steps"])
+
+
+def test_mlflow_run_holds_params_metrics_and_predictor(trained):
+    import mlflow
+
+    result, _, _ = trained
+    run = mlflow.get_run(result.run_id)
+    assert run.data.params["n_boundaries"] == "32"
+    assert {"val_loss", "val_mae", "train_loss", "constant_val_capped_mae"} <= set(run.data.metrics)
+    client = mlflow.MlflowClient()
+    assert len(client.get_metric_history(result.run_id, "val_mae")) == len(result.history)
+    names = {a.path for a in client.list_artifacts(result.run_id, "predictor")}
+    assert {"predictor/config.json", "predictor/weights.pt"} <= names
+
+
+def test_resume_continues_from_last_checkpoint(trained, smoke_bank):
+    result, root, _ = trained
+    epochs = len(result.history)
+    again = train_predictor("smoke", smoke_bank, root / "out", resume=True, verbose=False,
+                            max_epochs=epochs + 1)
+    assert [h["epoch"] for h in again.history] == [epochs]
+    assert again.run_id == result.run_id
+
+
+def test_eval_command_writes_report(trained, smoke_bank, tmp_path):
+    result, _, _ = trained
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["eval-predictor", "--profile", "smoke", "--bank", str(smoke_bank),
+                              "--predictor-path", str(result.predictor_path), "--out", str(tmp_path)])
+    args.func(args)
+    records = json.loads((tmp_path / "predictor_eval.json").read_text())
+    assert {(r["task_set"], r["predictor"]) for r in records} == {
+        (t, p) for t in ("id", "rl_ood", "vit_ood") for p in ("fm", "wls")}
+    for r in records:
+        assert r["n_queries"] > 0 and r["ms_per_prefix"] > 0 and len(r["mae_by_rank"]) == 8
+    assert all("mae_reduction_vs_wls" in r for r in records if r["predictor"] == "fm")
+    for name in ("predictor_eval.md", "forecast_example.png", "mae_by_rank.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=[EXPERIMENT], filter_string="tags.stage = 'eval'")
+    assert len(runs) == 1 and "metrics.id.fm.capped_mae" in runs.columns
+
+
+def test_train_command_parses_overrides():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train-predictor", "--profile", "smoke", "--no-resume", "--max-epochs", "3"])
+    assert args.no_resume and args.max_epochs == 3 and args.func.__name__ == "cmd_train_predictor"
