@@ -35,7 +35,8 @@ from mara_rl.mat_module import MATConfig, MATModule
 EXPERIMENT = "mara-scheduler"
 POLICY_WEIGHTS, POLICY_SPEC = "policy.pt", "policy.json"
 # Operational settings a resume may change; anything else must match the run being resumed.
-RESUMABLE_CHANGES = ("iterations", "num_env_runners", "torch_threads", "eval_every")
+RESUMABLE_CHANGES = ("iterations", "num_env_runners", "torch_threads", "eval_every",
+                     "sample_timeout_s")
 EPISODE_METRICS = ("success_rate", "episode_successes", "episode_tasks", "utilisation",
                    "episode_invalid_actions")
 
@@ -71,6 +72,8 @@ class SchedulerConfig:
     # Sampling.
     num_env_runners: int = 2
     num_envs_per_env_runner: int = 8
+    # RLlib's 60 s default returns no samples at all when the FM env is slow under load.
+    sample_timeout_s: float = 900.0
     torch_threads: int = 1  # learner threads in the driver; tiny matrices gain nothing from more
     # Evaluation on ID validation episodes (greedy).
     eval_every: int = 5
@@ -90,7 +93,12 @@ class SchedulerConfig:
 
 # ---------------------------------------------------------------- env and metrics
 def make_env(env_config: dict[str, Any]) -> MultiNodeEnv:
-    """Env creator for RLlib's registry, which works in every Ray worker process."""
+    """Env creator for RLlib's registry, which works in every Ray worker process.
+
+    One torch thread per env runner: the FM predictor inside the env runs
+    tiny ops, and OpenMP workers competing for the cores slow them 10-100x.
+    """
+    torch.set_num_threads(1)
     return MultiNodeEnv(**{k: v for k, v in env_config.items() if k != "num_envs"})
 
 
@@ -189,7 +197,8 @@ def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
         PPOConfig()
         .environment(ENV_ID, env_config=asdict(env_cfg))
         .env_runners(num_env_runners=cfg.num_env_runners,
-                     num_envs_per_env_runner=cfg.num_envs_per_env_runner)
+                     num_envs_per_env_runner=cfg.num_envs_per_env_runner,
+                     sample_timeout_s=cfg.sample_timeout_s)
         .learners(num_learners=0)
         .training(gamma=cfg.gamma, lambda_=cfg.gae_lambda, clip_param=cfg.clip_param,
                   entropy_coeff=cfg.entropy_coeff, vf_loss_coeff=cfg.vf_loss_coeff,
