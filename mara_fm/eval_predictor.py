@@ -194,10 +194,7 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def plot_mae_by_rank(records: list[dict], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from mara_fm.plotting import plt, save_figure
 
     sets = sorted({r["task_set"] for r in records})
     fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.4), squeeze=False)
@@ -207,18 +204,12 @@ def plot_mae_by_rank(records: list[dict], path: Path) -> Path:
             ax.plot(range(1, len(vals) + 1), vals, marker="o", label=r["predictor"])
         ax.set(title=task_set, xlabel="query rank (prefix position in budget)", ylabel="capped MAE (batches)")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, path: Path) -> Path:
     """One query: observed prefix, true future, FM's sampled paths, both crossing estimates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from mara_fm.plotting import plt, save_figure
 
     # Shown: the rank-2 query whose true crossing sits closest to 40% of its horizon.
     gap = np.where(q.rank == 2, np.abs(q.truth / q.horizon - 0.4), np.inf)
@@ -242,10 +233,7 @@ def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, p
     ax.set(xlabel="batches", ylabel="cumulative-average loss",
            title=f"{curves.ids[q.curve[i]]}, prefix {n}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: str | Path,

@@ -273,17 +273,9 @@ def render(report: dict[str, Any], profile: str) -> str:
 
 
 # ---------------------------------------------------------------- figures
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_sweep(report: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    from mara_fm.plotting import plt, save_figure
+
     sweep = report["load_sweep"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, cells in sweep["rows"].items():
@@ -294,15 +286,13 @@ def plot_sweep(report: dict[str, Any], path: Path) -> Path:
     ax.set(xlabel="arrival probability p", ylabel="success rate (%)",
            title=f"Success vs load ({', '.join(sweep['task_sets'])})")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
     """Every paired difference with its interval: which ones clear zero, at a glance."""
-    plt = _pyplot()
+    from mara_fm.plotting import plt, save_figure
+
     scoped = [(f"{col}", report["table2_comparisons"][col]) for col in report["table2_comparisons"]]
     scoped.append(("stress", report["table3_comparisons"]))
     scoped += [(f"p={p}", c) for p, c in report["load_sweep_comparisons"].items()]
@@ -316,10 +306,7 @@ def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
     ax.set_yticks(range(len(items)), [label for label, _ in items], fontsize=7)
     ax.invert_yaxis()
     ax.set(xlabel=f"{report['reference']} − other (percentage points, 95% CI)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- entry point
