@@ -92,11 +92,11 @@ def make_spaces(n_nodes: int, n_slots: int) -> tuple[spaces.Dict, spaces.MultiDi
     return obs, spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
 
 
-def progress(first: np.ndarray, current: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """q_k of DESIGN §4: log-progress from the first observed loss towards ε."""
-    reached = first <= eps
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.log(first / current) / np.log(first / np.where(reached, 0.5 * first, eps))
+def progress(log_first: np.ndarray, log_current: np.ndarray, log_eps: np.ndarray) -> np.ndarray:
+    """q_k of DESIGN §4, from logarithms: log-progress from the first observed loss towards ε."""
+    span = log_first - log_eps
+    reached = span <= 0  # the first loss already meets ε
+    q = (log_first - log_current) / np.where(reached, 1.0, span)
     return np.where(reached, 1.0, np.clip(q, 0.0, 1.0))
 
 
@@ -156,11 +156,17 @@ class MultiNodeEnv(gym.Env):
         if np.any(self.deadline - self.arrival > self.cap):
             raise ValueError(f"a task window exceeds the curve cap {self.cap}")
         self.eps = episode.eps
+        self.log_eps = np.log(self.eps)
         self.n_obs = np.zeros(m, np.int64)
         self.status = np.full(m, PENDING, np.int8)
         self.pred = np.full(m, float(self.cap))
         self.ready_step = np.full(m, -1, np.int64)
         self.q = np.zeros(m)  # progress q_k, 0 until the first observation
+        # Per-task slot features; only a served task's change, plus the clock (column 2).
+        self.task_feat = np.zeros((m, 4), np.float32)
+        self.task_feat[:, 0] = 1.0
+        self.task_feat[:, 1] = 1.0  # the remaining cap, normalised
+        self.task_feat[:, 2] = self.deadline / self.cap
         self.slot_task = np.full(self.cfg.n_slots, -1, np.int64)
         self.queue: deque[int] = deque()
         self.next_arrival = 0
@@ -205,7 +211,8 @@ class MultiNodeEnv(gym.Env):
             ready = n == WARMUP_POINTS
             self.ready_step[served[ready]] = self.t + 1 - self.arrival[served[ready]]
             current = self.task_avg[served, n - 1]
-            self.q[served] = progress(self.task_avg[served, 0], current, self.eps[served])
+            self.q[served] = progress(self.task_log_avg[served, 0], self.task_log_avg[served, n - 1],
+                                      self.log_eps[served])
             succeeded = served[current <= self.eps[served]]
             self.status[succeeded] = SUCCEEDED
             self._refresh_predictions(served)
@@ -239,8 +246,9 @@ class MultiNodeEnv(gym.Env):
         """Drop succeeded tasks and expire those past their last step; refill from the queue."""
         expired = 0
         last_step = self.t + 1
-        for s in np.flatnonzero(self.slot_task >= 0).tolist():
-            k = self.slot_task[s]
+        for s, k in enumerate(self.slot_task.tolist()):  # plain ints: faster than numpy scalars
+            if k < 0:
+                continue
             if self.status[k] == SUCCEEDED:
                 self.slot_task[s] = -1
             elif last_step >= self.deadline[k]:
@@ -263,7 +271,8 @@ class MultiNodeEnv(gym.Env):
     def _served_tasks(self, action: np.ndarray) -> np.ndarray:
         if action.shape != (self.cfg.n_nodes,):
             raise ValueError(f"joint action must have shape ({self.cfg.n_nodes},), got {action.shape}")
-        taken = np.zeros(self.cfg.n_slots, bool)
+        slot_task = self.slot_task.tolist()
+        taken: set[int] = set()
         served = []
         for node, pick in enumerate(action.tolist()):
             if pick == 0:
@@ -272,17 +281,17 @@ class MultiNodeEnv(gym.Env):
             problem = None
             if not 0 <= slot < self.cfg.n_slots:
                 problem = "is out of range"
-            elif self.slot_task[slot] < 0:
+            elif slot_task[slot] < 0:
                 problem = "is empty"
-            elif taken[slot]:
+            elif slot in taken:
                 problem = "was already taken by an earlier node"
             if problem:
                 if self.cfg.strict:
                     raise ValueError(f"invalid joint action: node {node} picked slot {slot}, which {problem}")
                 self.stats["invalid_actions"] += 1
                 continue
-            taken[slot] = True
-            served.append(self.slot_task[slot])
+            taken.add(slot)
+            served.append(slot_task[slot])
         return np.asarray(served, np.int64)
 
     def _refresh_predictions(self, tasks: np.ndarray) -> None:
@@ -293,6 +302,8 @@ class MultiNodeEnv(gym.Env):
         hist = HistoryBatch.from_curves(self.task_avg[tasks], n, self.task_bs[tasks],
                                         self.task_lr[tasks], self.task_log_avg[tasks])
         self.pred[tasks] = self.predictor.remaining_batches(hist, self.eps[tasks], self.cap - n)
+        self.task_feat[tasks, 1] = np.minimum(self.pred[tasks] / self.cap, 1.0)
+        self.task_feat[tasks, 3] = np.minimum(n, WARMUP_POINTS) / WARMUP_POINTS
 
     # ------------------------------------------------------------------ views
 
@@ -300,13 +311,10 @@ class MultiNodeEnv(gym.Env):
         k = self.cfg.n_slots
         mask = self.slot_task >= 0
         tasks = self.slot_task[mask]
+        feat = self.task_feat[tasks]
+        feat[:, 2] = np.clip(feat[:, 2] - self.t / self.cap, 0.0, 1.0)  # time to deadline
         slots = np.zeros((k, 4), np.float32)
-        slots[mask] = np.stack([
-            np.ones(len(tasks)),
-            np.minimum(self.pred[tasks] * (1.0 / self.cap), 1.0),
-            np.clip((self.deadline[tasks] - self.t) * (1.0 / self.cap), 0.0, 1.0),
-            np.minimum(self.n_obs[tasks], WARMUP_POINTS) * (1.0 / WARMUP_POINTS),
-        ], axis=1)
+        slots[mask] = feat
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,
                          len(self.queue) / max(self.cfg.queue_size, 1),
                          min(self.t / self.cfg.horizon, 1.0)], np.float32)
