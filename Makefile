@@ -62,8 +62,8 @@ $(EVAL)/results.json: $(BANK)
 	$(MARA) evaluate --profile $(PROFILE) --bank $(BANK) --methods fifo,edf,lara,oracle \
 		--task-set id --scenario stress --out $(EVAL)/stress
 
-bench: $(BANK)
-	$(MARA) bench --profile $(PROFILE) --bank $(BANK)
+bench: $(FM)/config.json
+	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM)
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

@@ -49,12 +49,41 @@ def bank_build_rate(curves_per_id_family: int = 2, curves_per_ood_set: int = 4) 
     return {"curves": n, "seconds": seconds, "curves_per_second": n / seconds}
 
 
-def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True) -> dict[str, float]:
+def mat_decision_ms(cfg: EnvConfig, decisions: int = 300, seed: int = 0) -> float:
+    """Median ms per greedy joint action of a (fresh) MAT policy on real observations, 1 thread."""
+    import torch
+
+    from mara_rl.mat_module import MATConfig
+    from mara_rl.train_scheduler import act, module_spec
+
+    torch.set_num_threads(1)
+    module = module_spec(cfg, MATConfig()).build().eval()
+    env = MultiNodeEnv(cfg)
+    obs, _ = env.reset(seed=seed)
+    times = []
+    for _ in range(decisions):
+        start = time.perf_counter()
+        action = act(module, obs)
+        times.append(time.perf_counter() - start)
+        obs, _, done, _, _ = env.step(action)
+        if done:
+            obs, _ = env.reset(seed=seed + len(times))
+    return 1000 * float(np.median(times))
+
+
+def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
+              fm_path: str | None = None) -> dict[str, float]:
     results: dict[str, float] = {}
-    for predictor in ("wls", "oracle"):
+    predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
+    for predictor in predictors:
         rate = env_steps_per_second(replace(cfg, predictor=predictor), steps)
-        results[f"env_steps_per_s_{predictor}"] = rate
-        print(f"env steps/s, predictor={predictor:7s}: {rate:9.0f}  (single process, {steps} steps)")
+        results[f"env_steps_per_s_{predictor.split(':')[0]}"] = rate
+        print(f"env steps/s, predictor={predictor.split(':')[0]:7s}: {rate:9.0f}  "
+              f"(single process, {steps} steps)")
+    ms = mat_decision_ms(cfg)
+    results["mat_decision_ms"] = ms
+    print(f"MAT decision latency: {ms:.2f} ms per joint action "
+          f"(N={cfg.n_nodes}, K={cfg.n_slots}, greedy, 1 CPU thread, median of 300)")
     if bank_rate:
         b = bank_build_rate()
         results["bank_curves_per_s"] = b["curves_per_second"]
