@@ -133,7 +133,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
     loads = sorted({r.load for r in default})
     sweep_sets = sorted(set.intersection(*({r.task_set for r in default if r.load == p} for p in loads))) \
         if loads else []
-    sweep = {p: scope_rows("default", p, sweep_sets) for p in loads} if len(loads) > 1 else {}
+    sweep = {p: scope_rows("default", p, sweep_sets) for p in loads}  # one load: a one-point sweep
 
     return {
         "reference": reference,
