@@ -125,7 +125,6 @@ class MultiNodeEnv(gym.Env):
             config = EnvConfig(**overrides)
         self.cfg = config
         self.curves, self.curve_avg = load_curves(config.bank_path, config.task_set, config.split)
-        self.curve_log_avg = np.log(self.curve_avg)
         wl = config.workload
         self.reference = (family_reference(self.curves, wl.eps_quantile)
                           if wl.threshold_source == "family" else None)
@@ -148,7 +147,7 @@ class MultiNodeEnv(gym.Env):
         rows = curve_rows(episode, self.curves)
         m = len(episode)
         self.task_avg = self.curve_avg[rows]
-        self.task_log_avg = self.curve_log_avg[rows]
+        self.task_log_avg = self.curves.log_avg[rows]
         self.task_bs = self.curves.batch_size[rows]
         self.task_lr = self.curves.lr[rows]
         self.arrival = episode.arrival

@@ -54,6 +54,11 @@ class CurveSet:
     def avg(self) -> np.ndarray:
         return np.cumsum(self.losses, axis=1) / np.arange(1, self.cap + 1)
 
+    @functools.cached_property
+    def log_avg(self) -> np.ndarray:
+        """log of `avg`, taken once per curve set and shared by every env replaying it."""
+        return np.log(self.avg)
+
     @property
     def cap(self) -> int:
         return int(self.losses.shape[1])
