@@ -27,7 +27,7 @@ from mara_env.workload import (
     sample_episode,
 )
 from mara_fm.bank import CurveSet, load_bank, select
-from mara_fm.predictors import WARMUP_POINTS, HistoryBatch, Predictor, make_predictor
+from mara_fm.predictors import WARMUP_POINTS, Predictor, make_predictor
 from mara_fm.profile import PROJECT_ROOT
 
 DEFAULT_BANK = PROJECT_ROOT / "data" / "banks" / "default.parquet"
@@ -63,6 +63,15 @@ class EnvConfig:
         if self.beta < 0:
             raise ValueError(f"EnvConfig.beta must be >= 0, got {self.beta}")
 
+    @classmethod
+    def from_overrides(cls, **overrides: Any) -> EnvConfig:
+        """A config from keyword overrides, naming any unknown option."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown MultiNodeEnv option(s) {unknown}; known: {sorted(known)}")
+        return cls(**overrides)
+
     @property
     def bank_path(self) -> Path:
         return Path(self.bank) if self.bank else DEFAULT_BANK
@@ -92,12 +101,15 @@ def make_spaces(n_nodes: int, n_slots: int) -> tuple[spaces.Dict, spaces.MultiDi
     return obs, spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
 
 
-def progress(log_first: np.ndarray, log_current: np.ndarray, log_eps: np.ndarray) -> np.ndarray:
-    """q_k of DESIGN §4, from logarithms: log-progress from the first observed loss towards ε."""
+def progress_terms(log_first: np.ndarray, log_eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-task constants of q_k (DESIGN §4): q = clip((log L_0 − log L)·scale + offset, 0, 1).
+
+    scale = 1 / log(L_0/ε) and offset 0, or — when the first loss already
+    meets ε — scale 0 and offset 1, so that q = 1.
+    """
     span = log_first - log_eps
-    reached = span <= 0  # the first loss already meets ε
-    q = (log_first - log_current) / np.where(reached, 1.0, span)
-    return np.where(reached, 1.0, np.clip(q, 0.0, 1.0))
+    reached = span <= 0
+    return np.where(reached, 0.0, 1.0 / np.where(reached, 1.0, span)), reached.astype(np.float64)
 
 
 class MultiNodeEnv(gym.Env):
@@ -117,13 +129,7 @@ class MultiNodeEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, config: EnvConfig | None = None, **overrides: Any) -> None:
-        if config is None:
-            known = {f.name for f in fields(EnvConfig)}
-            unknown = sorted(set(overrides) - known)
-            if unknown:
-                raise TypeError(f"unknown MultiNodeEnv option(s) {unknown}; known: {sorted(known)}")
-            config = EnvConfig(**overrides)
-        self.cfg = config
+        self.cfg = config = config or EnvConfig.from_overrides(**overrides)
         self.curves, self.curve_avg = load_curves(config.bank_path, config.task_set, config.split)
         wl = config.workload
         self.reference = (family_reference(self.curves, wl.eps_quantile)
@@ -146,16 +152,16 @@ class MultiNodeEnv(gym.Env):
         self.episode = episode
         rows = curve_rows(episode, self.curves)
         m = len(episode)
+        self.task_rows = rows
         self.task_avg = self.curve_avg[rows]
         self.task_log_avg = self.curves.log_avg[rows]
-        self.task_bs = self.curves.batch_size[rows]
-        self.task_lr = self.curves.lr[rows]
         self.arrival = episode.arrival
         self.deadline = episode.deadline
         if np.any(self.deadline - self.arrival > self.cap):
             raise ValueError(f"a task window exceeds the curve cap {self.cap}")
         self.eps = episode.eps
-        self.log_eps = np.log(self.eps)
+        self.log_first = self.task_log_avg[:, 0]
+        self.q_scale, self.q_offset = progress_terms(self.log_first, np.log(self.eps))
         self.n_obs = np.zeros(m, np.int64)
         self.status = np.full(m, PENDING, np.int8)
         self.pred = np.full(m, float(self.cap))
@@ -176,7 +182,8 @@ class MultiNodeEnv(gym.Env):
         rejected = self._arrivals()
         self._record_decision_point()
         self.potential = 0.0
-        return self._obs(), self._step_info(0, 0, rejected, 0)
+        self.stale = np.zeros(0, np.int64)
+        return self.observation(), self._step_info(0, 0, rejected, 0)
 
     def _arrivals(self) -> int:
         rejected = 0
@@ -199,6 +206,18 @@ class MultiNodeEnv(gym.Env):
     # ------------------------------------------------------------------ step
 
     def step(self, action):
+        reward, terminated, info = self.advance(action)
+        query = self.prediction_query()
+        if len(query[0]):
+            self.store_predictions(self.predictor.replay_remaining(self.curves, *query))
+        return self.observation(), reward, terminated, False, info
+
+    def advance(self, action) -> tuple[float, bool, dict]:
+        """One step except the prediction refresh: (reward, terminated, info).
+
+        The tasks whose history grew are left in `prediction_query()`, so that a
+        vector env can answer the queries of all its envs in one predictor call.
+        """
         if self.episode is None:
             raise RuntimeError("call reset() before step()")
         served = self._served_tasks(np.asarray(action).reshape(-1))
@@ -207,15 +226,16 @@ class MultiNodeEnv(gym.Env):
         if self.busy:
             n = self.n_obs[served] + 1
             self.n_obs[served] = n
-            ready = n == WARMUP_POINTS
-            self.ready_step[served[ready]] = self.t + 1 - self.arrival[served[ready]]
-            current = self.task_avg[served, n - 1]
-            self.q[served] = progress(self.task_log_avg[served, 0], self.task_log_avg[served, n - 1],
-                                      self.log_eps[served])
-            succeeded = served[current <= self.eps[served]]
+            if WARMUP_POINTS in n:
+                ready = served[n == WARMUP_POINTS]
+                self.ready_step[ready] = self.t + 1 - self.arrival[ready]
+            latest = (served, n - 1)
+            q = (self.log_first[served] - self.task_log_avg[latest]) * self.q_scale[served] + self.q_offset[served]
+            self.q[served] = np.minimum(np.maximum(q, 0.0), 1.0)
+            succeeded = served[self.task_avg[latest] <= self.eps[served]]
             self.status[succeeded] = SUCCEEDED
-            self._refresh_predictions(served)
         expired = self._remove_finished()
+        self.stale = served[self.status[served] == ACTIVE]  # finished tasks need no prediction
 
         n_success = len(succeeded)
         self.stats["successes"] += n_success
@@ -239,7 +259,7 @@ class MultiNodeEnv(gym.Env):
         info = self._step_info(n_success, expired, rejected, self.busy)
         if terminated:
             info.update(self.episode_summary())
-        return self._obs(), float(reward), terminated, False, info
+        return float(reward), terminated, info
 
     def _remove_finished(self) -> int:
         """Drop succeeded tasks and expire those past their last step; refill from the queue."""
@@ -293,25 +313,26 @@ class MultiNodeEnv(gym.Env):
             served.append(slot_task[slot])
         return np.asarray(served, np.int64)
 
-    def _refresh_predictions(self, tasks: np.ndarray) -> None:
-        """Re-predict only the tasks whose history grew this step."""
-        if len(tasks) == 0:
-            return
-        n = self.n_obs[tasks]
-        hist = HistoryBatch.from_curves(self.task_avg[tasks], n, self.task_bs[tasks],
-                                        self.task_lr[tasks], self.task_log_avg[tasks])
-        self.pred[tasks] = self.predictor.remaining_batches(hist, self.eps[tasks], self.cap - n)
-        self.task_feat[tasks, 1] = np.minimum(self.pred[tasks] / self.cap, 1.0)
-        self.task_feat[tasks, 3] = np.minimum(n, WARMUP_POINTS) / WARMUP_POINTS
+    def prediction_query(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(curve rows, observed points, ε, horizon) of the tasks whose history grew."""
+        n = self.n_obs[self.stale]
+        return self.task_rows[self.stale], n, self.eps[self.stale], (self.cap - n).astype(np.float64)
+
+    def store_predictions(self, remaining: np.ndarray) -> None:
+        """Take the predictor's answers to `prediction_query()`."""
+        tasks = self.stale
+        self.pred[tasks] = remaining
+        self.task_feat[tasks, 1] = np.minimum(remaining / self.cap, 1.0)
+        self.task_feat[tasks, 3] = np.minimum(self.n_obs[tasks], WARMUP_POINTS) / WARMUP_POINTS
 
     # ------------------------------------------------------------------ views
 
-    def _obs(self) -> dict[str, np.ndarray]:
+    def observation(self) -> dict[str, np.ndarray]:
         k = self.cfg.n_slots
         mask = self.slot_task >= 0
         tasks = self.slot_task[mask]
         feat = self.task_feat[tasks]
-        feat[:, 2] = np.clip(feat[:, 2] - self.t / self.cap, 0.0, 1.0)  # time to deadline
+        feat[:, 2] = np.maximum(feat[:, 2] - self.t / self.cap, 0.0)  # time to deadline, <= 1 already
         slots = np.zeros((k, 4), np.float32)
         slots[mask] = feat
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,

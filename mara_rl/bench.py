@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
 
 
@@ -25,17 +26,29 @@ def first_slots(obs: dict, n_nodes: int) -> np.ndarray:
     return action
 
 
-def env_steps_per_second(cfg: EnvConfig, steps: int = 20_000, seed: int = 0) -> float:
-    env = MultiNodeEnv(cfg)
-    obs, _ = env.reset(seed=seed)
-    done_steps = 0
+def env_steps_per_second(cfg: EnvConfig, steps: int = 20_000, seed: int = 0, num_envs: int = 1) -> float:
+    """Env steps per second in this process; `num_envs` > 1 steps a pooled vector env."""
+    import torch
+
+    torch.set_num_threads(1)  # as in an env runner
+    if num_envs == 1:
+        env = MultiNodeEnv(cfg)
+        obs, _ = env.reset(seed=seed)
+        done_steps = 0
+        start = time.perf_counter()
+        while done_steps < steps:
+            obs, _, done, _, _ = env.step(first_slots(obs, cfg.n_nodes))
+            done_steps += 1
+            if done:
+                obs, _ = env.reset(seed=seed + done_steps)
+        return done_steps / (time.perf_counter() - start)
+    venv = PooledVectorEnv(num_envs, cfg)
+    obs, _ = venv.reset(seed=seed)
     start = time.perf_counter()
-    while done_steps < steps:
-        obs, _, done, _, _ = env.step(first_slots(obs, cfg.n_nodes))
-        done_steps += 1
-        if done:
-            obs, _ = env.reset(seed=seed + done_steps)
-    return done_steps / (time.perf_counter() - start)
+    for _ in range(-(-steps // num_envs)):
+        actions = np.stack([first_slots({"slot_mask": mask}, cfg.n_nodes) for mask in obs["slot_mask"]])
+        obs, *_ = venv.step(actions)
+    return num_envs * -(-steps // num_envs) / (time.perf_counter() - start)
 
 
 def bank_build_rate(curves_per_id_family: int = 2, curves_per_ood_set: int = 4) -> dict[str, float]:
@@ -72,14 +85,17 @@ def mat_decision_ms(cfg: EnvConfig, decisions: int = 300, seed: int = 0) -> floa
 
 
 def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
-              fm_path: str | None = None) -> dict[str, float]:
+              fm_path: str | None = None, pooled_envs: int = 8) -> dict[str, float]:
     results: dict[str, float] = {}
     predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
     for predictor in predictors:
-        rate = env_steps_per_second(replace(cfg, predictor=predictor), steps)
-        results[f"env_steps_per_s_{predictor.split(':')[0]}"] = rate
-        print(f"env steps/s, predictor={predictor.split(':')[0]:7s}: {rate:9.0f}  "
-              f"(single process, {steps} steps)")
+        name = predictor.split(":")[0]
+        for num_envs in (1, pooled_envs):
+            rate = env_steps_per_second(replace(cfg, predictor=predictor), steps, num_envs=num_envs)
+            key = f"env_steps_per_s_{name}" + (f"_pooled{num_envs}" if num_envs > 1 else "")
+            results[key] = rate
+            how = "one env" if num_envs == 1 else f"{num_envs} envs pooled"
+            print(f"env steps/s, predictor={name:7s}: {rate:9.0f}  (one process, {how}, {steps} steps)")
     ms = mat_decision_ms(cfg)
     results["mat_decision_ms"] = ms
     print(f"MAT decision latency: {ms:.2f} ms per joint action "

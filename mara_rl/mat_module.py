@@ -67,12 +67,19 @@ class _Attention(nn.Module):
         self.key_value = nn.Linear(dim, 2 * dim)
         self.out = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, context: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
+        return self.attend(x, *self.keys_values(context), mask)
+
+    def keys_values(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-head keys and values of `context`, each (B, heads, L, D/heads)."""
+        b, lk, d = context.shape
+        k, v = self.key_value(context).view(b, lk, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         b, lq, d = x.shape
-        lk, h = context.shape[1], self.heads
-        q = self.query(x).view(b, lq, h, d // h).transpose(1, 2)
-        k, v = self.key_value(context).view(b, lk, 2, h, d // h).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))
+        q = self.query(x).view(b, lq, self.heads, d // self.heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.unsqueeze(1))
         return self.out(y.transpose(1, 2).reshape(b, lq, d))
 
 
@@ -95,6 +102,17 @@ class _Block(nn.Module):
         if self.cross_attn is not None:
             x = self.norm_cross(x + self.cross_attn(x, context, context_mask))
         return self.norm_mlp(x + self.mlp(x))
+
+    def step(self, x: Tensor, cache: tuple[Tensor, Tensor] | None, context_kv: tuple[Tensor, Tensor],
+             context_mask: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The next position (B, 1, D) of a causal decoder block, given the keys and values
+        of the positions before it (`cache`); returns its output and the grown cache."""
+        k, v = self.self_attn.keys_values(x)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        x = self.norm_self(x + self.self_attn.attend(x, k, v, None))
+        x = self.norm_cross(x + self.cross_attn.attend(x, *context_kv, context_mask))
+        return self.norm_mlp(x + self.mlp(x)), (k, v)
 
 
 class MATModule(TorchRLModule, ValueFunctionAPI):
@@ -177,20 +195,39 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         return logits.masked_fill(~allowed, MASKED_LOGIT)
 
     def _sample(self, obs: dict[str, Tensor], greedy: bool) -> dict[str, Tensor]:
+        """Sequential decoding, one node at a time, with cached keys and values.
+
+        Computes the same logits as `_decode` on the final actions (tested), but
+        each step runs the decoder on the new node only: what the earlier nodes
+        and the encoder contribute is computed once.
+        """
         tokens, exists = self._encode(obs)
-        b = tokens.shape[0]
-        actions = torch.zeros(b, self.n_nodes, dtype=torch.long, device=tokens.device)
-        rows = []
+        b, d = tokens.shape[0], tokens.shape[-1]
+        choices = torch.cat([self.idle_embed.expand(b, 1, -1), tokens[:, 1:]], dim=1)
+        keys = self.pointer_key(choices).transpose(1, 2) / math.sqrt(d)
+        context_kv = [block.cross_attn.keys_values(tokens) for block in self.decoder]
+        context_mask = exists.unsqueeze(1)
+        caches: list[tuple[Tensor, Tensor] | None] = [None] * len(self.decoder)
+        allowed = exists.clone()  # exists[:, 0] doubles as "idle allowed"
+        x = self.start_token.expand(b, 1, -1)
+        actions, rows = [], []
         for i in range(self.n_nodes):
-            logits_i = self._decode(tokens, exists, actions)[:, i]
+            x = x + self.node_pos[i]
+            for j, block in enumerate(self.decoder):
+                x, caches[j] = block.step(x, caches[j], context_kv[j], context_mask)
+            logits_i = (self.pointer_query(x) @ keys).squeeze(1).masked_fill(~allowed, MASKED_LOGIT)
             if greedy:
-                actions[:, i] = logits_i.argmax(-1)
+                a = logits_i.argmax(-1)
             else:
-                actions[:, i] = torch.distributions.Categorical(logits=logits_i).sample()
+                a = torch.distributions.Categorical(logits=logits_i).sample()
+            allowed = allowed.scatter(1, a[:, None], False)
+            allowed[:, 0] = True  # idle is not exclusive
+            x = choices[torch.arange(b, device=a.device), a].unsqueeze(1)
+            actions.append(a)
             rows.append(logits_i)
-        logits = torch.stack(rows, dim=1)
-        logp = F.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1).sum(-1)
-        return {Columns.ACTIONS: actions, Columns.ACTION_LOGP: logp,
+        actions_t, logits = torch.stack(actions, dim=1), torch.stack(rows, dim=1)
+        logp = F.log_softmax(logits, -1).gather(-1, actions_t.unsqueeze(-1)).squeeze(-1).sum(-1)
+        return {Columns.ACTIONS: actions_t, Columns.ACTION_LOGP: logp,
                 Columns.ACTION_DIST_INPUTS: logits.flatten(1)}
 
     # ---- RLlib forward passes -------------------------------------------

@@ -28,6 +28,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
+from mara_env.vector import PooledVectorEnv
 from mara_fm.predictors import make_predictor
 from mara_fm.tracking import mlflow_run
 from mara_rl.mat_module import MATConfig, MATModule
@@ -35,7 +36,7 @@ from mara_rl.mat_module import MATConfig, MATModule
 EXPERIMENT = "mara-scheduler"
 POLICY_WEIGHTS, POLICY_SPEC = "policy.pt", "policy.json"
 # Operational settings a resume may change; anything else must match the run being resumed.
-RESUMABLE_CHANGES = ("iterations", "num_env_runners", "torch_threads", "eval_every",
+RESUMABLE_CHANGES = ("iterations", "num_env_runners", "pool_predictions", "torch_threads", "eval_every",
                      "sample_timeout_s")
 EPISODE_METRICS = ("success_rate", "episode_successes", "episode_tasks", "utilisation",
                    "episode_invalid_actions")
@@ -72,6 +73,9 @@ class SchedulerConfig:
     # Sampling.
     num_env_runners: int = 2
     num_envs_per_env_runner: int = 8
+    # Step a runner's envs together with one predictor call per step (mara_env.vector);
+    # the same samples as independent envs, several times faster with FM inside.
+    pool_predictions: bool = True
     # RLlib's 60 s default returns no samples at all when the FM env is slow under load.
     sample_timeout_s: float = 900.0
     torch_threads: int = 1  # learner threads in the driver; tiny matrices gain nothing from more
@@ -92,14 +96,20 @@ class SchedulerConfig:
 
 
 # ---------------------------------------------------------------- env and metrics
-def make_env(env_config: dict[str, Any]) -> MultiNodeEnv:
+def make_env(env_config: dict[str, Any]) -> MultiNodeEnv | PooledVectorEnv:
     """Env creator for RLlib's registry, which works in every Ray worker process.
 
-    One torch thread per env runner: the FM predictor inside the env runs
-    tiny ops, and OpenMP workers competing for the cores slow them 10-100x.
+    RLlib passes `num_envs` when it asks for a whole vector env (vectorize
+    mode "vector_entry_point"): then all of a runner's envs share one
+    predictor call per step. One torch thread per env runner: the FM
+    predictor runs tiny ops, and OpenMP workers competing for the cores slow
+    them 10-100x.
     """
     torch.set_num_threads(1)
-    return MultiNodeEnv(**{k: v for k, v in env_config.items() if k != "num_envs"})
+    overrides = {k: v for k, v in env_config.items() if k != "num_envs"}
+    if "num_envs" in env_config:
+        return PooledVectorEnv(env_config["num_envs"], **overrides)
+    return MultiNodeEnv(**overrides)
 
 
 class EpisodeMetrics(RLlibCallback):
@@ -165,7 +175,8 @@ def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
     batch = {k: torch.as_tensor(np.asarray(v)) for k, v in obs.items()}
     if single:
         batch = {k: v.unsqueeze(0) for k, v in batch.items()}
-    actions = module.forward_inference({Columns.OBS: batch})[Columns.ACTIONS].numpy()
+    with torch.inference_mode():
+        actions = module.forward_inference({Columns.OBS: batch})[Columns.ACTIONS].numpy()
     return actions[0] if single else actions
 
 
@@ -198,6 +209,7 @@ def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
         .environment(ENV_ID, env_config=asdict(env_cfg))
         .env_runners(num_env_runners=cfg.num_env_runners,
                      num_envs_per_env_runner=cfg.num_envs_per_env_runner,
+                     gym_env_vectorize_mode="vector_entry_point" if cfg.pool_predictions else "sync",
                      sample_timeout_s=cfg.sample_timeout_s)
         .learners(num_learners=0)
         .training(gamma=cfg.gamma, lambda_=cfg.gae_lambda, clip_param=cfg.clip_param,

@@ -1,12 +1,17 @@
-"""Shared fixtures: the smoke bank (real training runs, built once per machine)."""
+"""Shared fixtures: the smoke bank (real training runs, built once per machine), a FM predictor, MLflow."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
+from mara_fm.bank import load_bank, select
 from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.fm_data import Curves, fit_stats
+from mara_fm.fm_model import FlowModel, PredictorConfig
+from mara_fm.fm_predictor import FMPredictor
 from mara_fm.profile import PROJECT_ROOT, section_config
 
 SMOKE_BANK = PROJECT_ROOT / "data" / "banks" / "smoke.parquet"
@@ -15,6 +20,15 @@ SMOKE_BANK = PROJECT_ROOT / "data" / "banks" / "smoke.parquet"
 @pytest.fixture(scope="session")
 def smoke_bank() -> Path:
     return ensure_bank(section_config(BankConfig, "smoke", "bank"), SMOKE_BANK, progress=False)
+
+
+@pytest.fixture(scope="session")
+def untrained_fm(smoke_bank) -> FMPredictor:
+    """An untrained but complete FM predictor: inference, artifacts and pooling do not depend on training."""
+    cfg = PredictorConfig(stats_examples_per_curve=8)
+    torch.manual_seed(0)
+    stats = fit_stats(Curves.of(select(load_bank(smoke_bank), "id", "train")), cfg)
+    return FMPredictor(FlowModel(cfg).eval(), cfg, stats)
 
 
 @pytest.fixture()

@@ -12,8 +12,6 @@ import torch
 
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import QueryConfig, make_queries, reference_curves, score
-from mara_fm.fm_data import Curves, fit_stats
-from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.fm_predictor import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -31,12 +29,8 @@ def frame(smoke_bank):
 
 
 @pytest.fixture(scope="module")
-def predictor(frame) -> FMPredictor:
-    """An untrained but complete predictor: inference and artifacts do not depend on training."""
-    cfg = PredictorConfig(stats_examples_per_curve=8)
-    torch.manual_seed(0)
-    stats = fit_stats(Curves.of(select(frame, "id", "train")), cfg)
-    return FMPredictor(FlowModel(cfg).eval(), cfg, stats)
+def predictor(untrained_fm) -> FMPredictor:
+    return untrained_fm
 
 
 @pytest.fixture(scope="module")

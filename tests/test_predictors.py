@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from mara_env.env import load_curves
 from mara_fm.predictors import HistoryBatch, OraclePredictor, WLSPredictor, make_predictor
 
 
@@ -49,3 +50,20 @@ def test_make_predictor_rejects_unknown_names():
         make_predictor("magic")
     with pytest.raises(ValueError, match="gamma"):
         WLSPredictor(gamma=1.5)
+
+
+@pytest.mark.parametrize("name", ["wls", "oracle"])
+def test_replaying_a_curve_set_matches_predicting_from_prefixes(smoke_bank, name):
+    """The simulator's path (WLS: fits tabulated once per curve set) gives the same answers."""
+    curves, _ = load_curves(smoke_bank, "id", "train")
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, len(curves), 64)
+    lengths = rng.integers(1, curves.cap, 64)
+    eps = curves.avg[rows, rng.integers(0, curves.cap, 64)]
+    horizon = (curves.cap - lengths).astype(np.float64)
+    predictor = make_predictor(name)
+    hist = HistoryBatch.from_curves(curves.avg[rows], lengths, curves.batch_size[rows], curves.lr[rows])
+    direct = predictor.remaining_batches(hist, eps, horizon)
+    replayed = predictor.replay_remaining(curves, rows, lengths, eps, horizon)
+    assert (direct == 0).any() and ((direct > 0) & (direct < horizon)).any()  # both regimes exercised
+    np.testing.assert_allclose(replayed, direct, rtol=1e-6, atol=1e-6)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mara_fm.bank import CurveSet
+
 WARMUP_POINTS = 4
 
 
@@ -30,15 +32,12 @@ class HistoryBatch:
     batch_size: np.ndarray  # (B,) int64
     lr: np.ndarray  # (B,) float64
     future: np.ndarray | None = None  # (B, cap) true cumulative averages
-    log_avg: np.ndarray | None = None  # (B, L) log of `avg`, 0 beyond the prefix (optional cache)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def log_prefix(self) -> np.ndarray:
         """log L of the observed points, 0 beyond each prefix."""
-        if self.log_avg is not None:
-            return self.log_avg
         observed = np.arange(self.avg.shape[1]) < self.lengths[:, None]
         return np.log(np.where(observed, self.avg, 1.0))
 
@@ -49,19 +48,14 @@ class HistoryBatch:
 
     @staticmethod
     def from_curves(curves: np.ndarray, lengths: np.ndarray, batch_size: np.ndarray,
-                    lr: np.ndarray, log_curves: np.ndarray | None = None) -> HistoryBatch:
-        """Prefixes of full true curves (B, cap); `future` keeps the curves.
-
-        A simulator that replays the same curves many times passes their
-        logarithms once (`log_curves`) instead of taking them at every refresh.
-        """
+                    lr: np.ndarray) -> HistoryBatch:
+        """Prefixes of full true curves (B, cap); `future` keeps the curves."""
         lengths = np.asarray(lengths, dtype=np.int64)
         width = int(lengths.max())
         visible = np.arange(width)[None, :] < lengths[:, None]
         avg = np.where(visible, curves[:, :width], np.nan)
-        log_avg = None if log_curves is None else np.where(visible, log_curves[:, :width], 0.0)
         return HistoryBatch(avg, lengths, np.asarray(batch_size, np.int64),
-                            np.asarray(lr, np.float64), curves, log_avg)
+                            np.asarray(lr, np.float64), curves)
 
 
 class Predictor(ABC):
@@ -78,19 +72,36 @@ class Predictor(ABC):
         `WARMUP_POINTS` observations get the horizon (warm-up rule).
         """
         eps, horizon = _per_task(eps, len(hist)), _per_task(horizon, len(hist))
-        done = hist.current <= eps
-        ready = ~done
+        current = hist.current
+        ready = current > eps
         if self.uses_warmup:
             ready &= hist.lengths >= WARMUP_POINTS
         if ready.all():
-            out = np.minimum(np.maximum(self._predict(hist, eps, horizon), 0.0), horizon)
+            raw = self._predict(hist, eps, horizon)
         else:
-            out = horizon.copy()
+            raw = horizon.copy()
             if ready.any():
-                raw = self._predict(_take(hist, ready), eps[ready], horizon[ready])
-                out[ready] = np.minimum(np.maximum(raw, 0.0), horizon[ready])
-            out[done] = 0.0
-        return out
+                raw[ready] = self._predict(_take(hist, ready), eps[ready], horizon[ready])
+        return self._settle(raw, current, hist.lengths, eps, horizon)
+
+    def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray,
+                         eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        """`remaining_batches` for the first lengths[b] points of curve rows[b] of `source`.
+
+        This is what a simulator replaying a bank asks at every step; a
+        predictor whose answer depends only on the prefix may override it with
+        work precomputed once per curve set (WLS does).
+        """
+        hist = HistoryBatch.from_curves(source.avg[rows], lengths, source.batch_size[rows], source.lr[rows])
+        return self.remaining_batches(hist, eps, horizon)
+
+    def _settle(self, raw: np.ndarray, current: np.ndarray, lengths: np.ndarray,
+                eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        """Clip raw estimates to [0, horizon]; 0 once at ε, the horizon during warm-up."""
+        out = np.minimum(np.maximum(raw, 0.0), horizon)
+        if self.uses_warmup:
+            out = np.where(lengths < WARMUP_POINTS, horizon, out)
+        return np.where(current <= eps, 0.0, out)
 
     @abstractmethod
     def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
@@ -106,5 +117,4 @@ def _take(hist: HistoryBatch, mask: np.ndarray) -> HistoryBatch:
     return HistoryBatch(
         hist.avg[mask], hist.lengths[mask], hist.batch_size[mask], hist.lr[mask],
         None if hist.future is None else hist.future[mask],
-        None if hist.log_avg is None else hist.log_avg[mask],
     )

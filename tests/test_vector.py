@@ -1,0 +1,61 @@
+"""The pooled vector env: M envs in lockstep with one predictor call per step."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import mara_env
+from mara_env.env import MultiNodeEnv
+from mara_env.vector import PooledVectorEnv
+from tests.test_env import random_valid_action
+
+
+@pytest.mark.parametrize("predictor_name", ["wls", "fm"])
+def test_pooled_envs_match_independent_envs(smoke_bank, untrained_fm, predictor_name):
+    """Same seeds and actions: identical observations, rewards and autoresets."""
+    predictor = untrained_fm if predictor_name == "fm" else predictor_name
+    kw = dict(bank=str(smoke_bank), split="test", horizon=60, arrival_prob=0.3, predictor=predictor)
+    pooled = PooledVectorEnv(3, **kw)
+    single = [MultiNodeEnv(**kw) for _ in range(3)]
+    obs, _ = pooled.reset(seed=10)
+    single_obs = [env.reset(seed=10 + i)[0] for i, env in enumerate(single)]
+    rng = np.random.default_rng(0)
+    done = np.zeros(3, bool)
+    episodes_ended, predictions_seen = 0, set()
+    for _ in range(150):
+        actions = np.stack([random_valid_action(o, 7, rng) for o in single_obs])
+        obs, rewards, terminated, _, _ = pooled.step(actions)
+        for i, env in enumerate(single):
+            if done[i]:  # next-step autoreset: the action is ignored, the env starts over
+                single_obs[i], _ = env.reset()
+                reward, term = 0.0, False
+            else:
+                single_obs[i], reward, term, _, _ = env.step(actions[i])
+            for key in single_obs[i]:
+                np.testing.assert_allclose(obs[key][i], single_obs[i][key], rtol=1e-5, atol=1e-6)
+            assert rewards[i] == pytest.approx(reward, rel=1e-6, abs=1e-9) and terminated[i] == term
+            predictions_seen.update(np.round(single_obs[i]["slots"][:, 1], 3).tolist())
+        episodes_ended += int(terminated.sum())
+        done = terminated
+    assert episodes_ended >= 3 and len(predictions_seen) > 10  # autoresets and real predictions covered
+
+
+def test_make_vec_builds_the_pooled_env(smoke_bank):
+    venv = gym.make_vec(mara_env.ENV_ID, num_envs=2, vectorization_mode="vector_entry_point",
+                        bank=str(smoke_bank), split="test")
+    assert isinstance(venv.unwrapped, PooledVectorEnv) and venv.num_envs == 2
+    assert venv.envs[0].predictor is venv.envs[1].predictor  # one predictor, one batch per step
+    obs, _ = venv.reset(seed=0)
+    assert obs["slots"].shape == (2, 16, 4)
+    with pytest.raises(TypeError, match="unknown MultiNodeEnv option"):
+        PooledVectorEnv(2, bank=str(smoke_bank), n_gpus=1)
+
+
+def test_rllib_env_creator_pools_when_asked_for_a_vector_env(smoke_bank):
+    from mara_rl.train_scheduler import make_env
+
+    env_config = {"bank": str(smoke_bank), "split": "test"}
+    assert isinstance(make_env(env_config), MultiNodeEnv)
+    assert make_env(env_config | {"num_envs": 3}).num_envs == 3
