@@ -20,8 +20,10 @@ import numpy as np
 from gymnasium import spaces
 
 from mara_env.workload import (
+    BurstConfig,
     Episode,
     WorkloadConfig,
+    add_burst,
     curve_rows,
     family_reference,
     sample_episode,
@@ -49,10 +51,18 @@ class EnvConfig:
     bank: str = ""  # empty: data/banks/default.parquet
     strict: bool = False
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    # Share of sampled episodes that also carry an overload burst (a randomised stress
+    # pattern, see `BurstConfig`); for training. Frozen evaluation episodes never do.
+    burst_prob: float = 0.0
+    burst: BurstConfig = field(default_factory=BurstConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.workload, dict):
             self.workload = WorkloadConfig(**self.workload)
+        if isinstance(self.burst, dict):
+            self.burst = BurstConfig(**{k: tuple(v) for k, v in self.burst.items()})
+        if not 0.0 <= self.burst_prob <= 1.0:
+            raise ValueError(f"EnvConfig.burst_prob must be in [0, 1], got {self.burst_prob}")
         for name in ("n_nodes", "n_slots", "horizon"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"EnvConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -147,6 +157,8 @@ class MultiNodeEnv(gym.Env):
         if episode is None:
             episode = sample_episode(self.curves, self.cfg.horizon, self.cfg.arrival_prob,
                                      self.cfg.workload, self.np_random, self.reference)
+            if self.cfg.burst_prob > 0 and self.np_random.random() < self.cfg.burst_prob:
+                episode = add_burst(episode, self.curves, self.cfg.burst, self.np_random)
         if episode.horizon != self.cfg.horizon:
             raise ValueError(f"episode horizon {episode.horizon} != env horizon {self.cfg.horizon}")
         self.episode = episode

@@ -124,6 +124,34 @@ def sample_episode(curves: CurveSet, horizon: int, arrival_prob: float, cfg: Wor
     return Episode(curves.ids[rows].tolist(), arrival, eps, window, horizon, dict(meta or {}))
 
 
+def doomed_tasks(curves: CurveSet, n: int, rng: np.random.Generator) -> tuple[list[str], list[float]]:
+    """`n` distinct curves with thresholds at half their lowest loss: they can never finish."""
+    rows = rng.permutation(len(curves))[:n]
+    return [curves.ids[r] for r in rows], [0.5 * float(curves.avg[r].min()) for r in rows]
+
+
+def short_tasks(curves: CurveSet, n: int, demand: tuple[int, int],
+                rng: np.random.Generator) -> tuple[list[str], list[float]]:
+    """`n` (curve, ε) pairs whose ε is first reached after a number of batches in `demand`.
+
+    Curves may repeat (each task replays its own copy), so small banks work too.
+    """
+    avg = curves.avg
+    ids: list[str] = []
+    eps: list[float] = []
+    for _ in range(200 * n):
+        if len(ids) == n:
+            break
+        row = int(rng.integers(len(curves)))
+        n_star = int(rng.integers(demand[0], demand[1] + 1))
+        if np.all(avg[row, : n_star - 1] > avg[row, n_star - 1]):
+            ids.append(curves.ids[row])
+            eps.append(float(avg[row, n_star - 1]))
+    if len(ids) < n:
+        raise ValueError(f"too few curves first reach a threshold in {demand} batches")
+    return ids, eps
+
+
 def stress_episode(curves: CurveSet, horizon: int = 500, n_infeasible: int = 7, n_short: int = 13,
                    short_arrival: int = 10, short_demand: tuple[int, int] = (22, 35),
                    infeasible_window: int = 100, short_window: int = 110, seed: int = 0) -> Episode:
@@ -136,25 +164,49 @@ def stress_episode(curves: CurveSet, horizon: int = 500, n_infeasible: int = 7, 
     them leaves ample room for all 13 (7 nodes, 110 steps).
     """
     rng = np.random.default_rng(seed)
-    avg = curves.avg
-    rows = rng.permutation(len(curves))
-    ids = [curves.ids[r] for r in rows[:n_infeasible]]
-    eps = [0.5 * float(avg[r].min()) for r in rows[:n_infeasible]]
-    # Short tasks: (curve, n*) pairs whose threshold L(n*) is first reached at n*.
-    # Curves may repeat (each task replays its own copy), so small banks work too.
-    for _ in range(200 * n_short):
-        if len(ids) == n_infeasible + n_short:
-            break
-        row = int(rng.integers(len(curves)))
-        n_star = int(rng.integers(short_demand[0], short_demand[1] + 1))
-        if np.all(avg[row, : n_star - 1] > avg[row, n_star - 1]):
-            ids.append(curves.ids[row])
-            eps.append(float(avg[row, n_star - 1]))
-    if len(ids) < n_infeasible + n_short:
-        raise ValueError(f"stress scenario: too few curves first reach a threshold in {short_demand} batches")
+    ids, eps = doomed_tasks(curves, n_infeasible, rng)
+    more_ids, more_eps = short_tasks(curves, n_short, short_demand, rng)
     arrival = [0] * n_infeasible + [short_arrival] * n_short
     window = [infeasible_window] * n_infeasible + [short_window] * n_short
-    return Episode(ids, arrival, eps, window, horizon, {"scenario": "stress"})
+    return Episode(ids + more_ids, arrival, eps + more_eps, window, horizon, {"scenario": "stress"})
+
+
+@dataclass(frozen=True)
+class BurstConfig:
+    """A randomised stress pattern that training may add to an episode.
+
+    At a random step, `doomed` tasks that can never finish arrive with a
+    window in `doomed_window`; `delay` steps later `short` tasks arrive that
+    need `short_demand` batches and whose deadlines fall `slack` steps after
+    the doomed ones'. Serving the doomed tasks first starves the short ones;
+    a scheduler only meets this in training if some episodes contain it.
+    """
+
+    doomed: tuple[int, int] = (3, 7)
+    short: tuple[int, int] = (6, 13)
+    short_demand: tuple[int, int] = (15, 40)
+    doomed_window: tuple[int, int] = (60, 110)
+    delay: tuple[int, int] = (3, 20)
+    slack: tuple[int, int] = (5, 30)
+
+
+def add_burst(episode: Episode, curves: CurveSet, cfg: BurstConfig, rng: np.random.Generator) -> Episode:
+    """`episode` with one burst (see `BurstConfig`) merged in, still in arrival order."""
+    def draw(bounds: tuple[int, int]) -> int:
+        return int(rng.integers(bounds[0], bounds[1] + 1))
+
+    n_doomed, n_short, doomed_window, delay = draw(cfg.doomed), draw(cfg.short), draw(cfg.doomed_window), draw(cfg.delay)
+    short_window = doomed_window - delay + draw(cfg.slack)
+    start = int(rng.integers(0, max(1, episode.horizon - delay - short_window)))
+    ids, eps = doomed_tasks(curves, n_doomed, rng)
+    more_ids, more_eps = short_tasks(curves, n_short, cfg.short_demand, rng)
+    arrival = np.concatenate([episode.arrival, np.full(n_doomed, start), np.full(n_short, start + delay)])
+    window = np.concatenate([episode.window, np.full(n_doomed, doomed_window), np.full(n_short, short_window)])
+    order = np.argsort(arrival, kind="stable")
+    all_ids = list(episode.curve_ids) + ids + more_ids
+    return Episode([all_ids[i] for i in order], arrival[order], np.concatenate([episode.eps, eps, more_eps])[order],
+                   window[order], episode.horizon,
+                   {**episode.meta, "burst": {"start": start, "delay": delay, "doomed": n_doomed, "short": n_short}})
 
 
 def true_demand(episode: Episode, curves: CurveSet) -> np.ndarray:

@@ -109,7 +109,6 @@ def run_stages(stages: list[Stage], progress: bool = True) -> None:
 
 
 def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> Stage:
-    from mara_env.env import EnvConfig
     from mara_rl.train_scheduler import SchedulerConfig
 
     # fm_path only for FM variants: a WLS run's config then matches `mara train-scheduler`'s.
@@ -119,12 +118,9 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
     out = paths.scheduler(variant, cfg.beta, seed)
 
     def run() -> None:
-        from mara_rl.train_scheduler import train
+        from mara_rl.train_scheduler import train, training_env
 
-        env_cfg = section_config(EnvConfig, profile, "env", bank=str(paths.bank.resolve()),
-                                 predictor=cfg.predictor_spec(), beta=cfg.beta, task_set="id",
-                                 split="train")
-        train(cfg, env_cfg, out, run_name=out.name)
+        train(cfg, training_env(cfg, profile, paths.bank), out, run_name=out.name)
 
     return Stage(f"scheduler {variant.name} seed {seed}", out / "policy" / "policy.json", run)
 

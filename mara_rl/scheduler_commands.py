@@ -21,6 +21,7 @@ TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--fm", {"help": "exported FM predictor (needed for --predictor fm)"}),
     ("--beta", {"type": float, "help": "shaping weight β (0 = sparse reward)"}),
     ("--seed", {"type": int}),
+    ("--burst-prob", {"type": float, "help": "share of training episodes with an overload burst"}),
     ("--iterations", {"type": int, "help": "PPO iterations in total (a resume continues to it)"}),
     ("--num-env-runners", {"type": int}),
     ("--num-envs-per-env-runner", {"type": int}),
@@ -58,22 +59,21 @@ def scheduler_config(args: argparse.Namespace) -> Any:
     from mara_rl.train_scheduler import SchedulerConfig
 
     return section_config(SchedulerConfig, args.profile, "scheduler", predictor=args.predictor,
-                          fm_path=args.fm, beta=args.beta, seed=args.seed, iterations=args.iterations,
+                          fm_path=args.fm, beta=args.beta, seed=args.seed, burst_prob=args.burst_prob,
+                          iterations=args.iterations,
                           num_env_runners=args.num_env_runners,
                           num_envs_per_env_runner=args.num_envs_per_env_runner)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from mara_env.env import EnvConfig
     from mara_fm.build_bank import BankConfig, ensure_bank
-    from mara_rl.train_scheduler import train
+    from mara_rl.train_scheduler import train, training_env
 
     cfg = scheduler_config(args)
     bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
-    env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank.resolve()),
-                             predictor=cfg.predictor_spec(), beta=cfg.beta, task_set="id", split="train")
+    env_cfg = training_env(cfg, args.profile, bank)
     out = Path(args.out) if args.out else default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed)
     policy = train(cfg, env_cfg, out, run_name=args.run_name or out.name, fresh=args.fresh)
     print(f"policy exported: {policy}")

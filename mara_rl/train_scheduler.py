@@ -30,6 +30,7 @@ from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
 from mara_env.vector import PooledVectorEnv
 from mara_fm.predictors import make_predictor
+from mara_fm.profile import section_config
 from mara_fm.tracking import mlflow_run
 from mara_rl.mat_module import MATConfig, MATModule
 
@@ -51,6 +52,9 @@ class SchedulerConfig:
     fm_path: str = ""
     beta: float = 0.1
     seed: int = 0
+    # Share of training episodes with an overload burst (EnvConfig.burst_prob): without
+    # any, the policy never learns that serving hopeless tasks can starve others.
+    burst_prob: float = 0.0
     # PPO (MAT reference: clip 0.05-0.2, entropy 0.01, GAE λ 0.95, 10-15 epochs).
     iterations: int = 150
     train_batch_size: int = 8000
@@ -96,6 +100,13 @@ class SchedulerConfig:
 
 
 # ---------------------------------------------------------------- env and metrics
+def training_env(cfg: SchedulerConfig, profile: str, bank: Path) -> EnvConfig:
+    """The env a scheduler trains in: the profile's `[env]` on ID train, with this run's
+    predictor, β and burst share."""
+    return section_config(EnvConfig, profile, "env", bank=str(bank.resolve()), predictor=cfg.predictor_spec(),
+                          beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob)
+
+
 def make_env(env_config: dict[str, Any]) -> MultiNodeEnv | PooledVectorEnv:
     """Env creator for RLlib's registry, which works in every Ray worker process.
 
@@ -182,7 +193,7 @@ def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
 
 def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: int) -> dict[str, float]:
     """Greedy rollouts on seeded validation episodes, stepped in lockstep for batched inference."""
-    base = dataclasses.replace(env_cfg, split="val", predictor=make_predictor(env_cfg.predictor))
+    base = dataclasses.replace(env_cfg, split="val", predictor=make_predictor(env_cfg.predictor), burst_prob=0.0)
     envs = [MultiNodeEnv(dataclasses.replace(base)) for _ in range(episodes)]
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     returns = np.zeros(episodes)
@@ -253,6 +264,14 @@ def _comparable(cfg: SchedulerConfig, env_cfg: EnvConfig) -> dict[str, Any]:
     return json.loads(json.dumps({"scheduler": scheduler, "env": asdict(env_cfg)}, default=str))
 
 
+def _config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Settings that differ from a stored run's. A setting added to the code after the run
+    was stored counts as unchanged while it holds its default (what the run had in effect)."""
+    defaults = _comparable(SchedulerConfig(), EnvConfig())
+    return [f"{section}.{key}" for section, values in current.items() for key, value in values.items()
+            if stored.get(section, {}).get(key, defaults[section].get(key)) != value]
+
+
 def _save_checkpoint(algo: Any, out_dir: Path) -> Path:
     """Write next to the old checkpoint, then swap, so a crash never leaves none."""
     final, tmp, old = out_dir / "checkpoint", out_dir / "checkpoint.tmp", out_dir / "checkpoint.old"
@@ -276,8 +295,10 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
         shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = json.loads(_state_path(out_dir).read_text()) if _state_path(out_dir).exists() else {}
-    if state and state["config"] != _comparable(cfg, env_cfg):
-        raise ValueError(f"{out_dir} holds a run with a different config; use --fresh or another --out")
+    changed = _config_changes(state["config"], _comparable(cfg, env_cfg)) if state else []
+    if changed:
+        raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
+                         "use --fresh or another --out")
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.torch_threads)

@@ -5,6 +5,7 @@ from gymnasium.utils.env_checker import check_env
 
 import mara_env
 from mara_env.env import MultiNodeEnv
+from mara_env.workload import true_demand
 
 
 def make(smoke_bank, **kw):
@@ -37,10 +38,11 @@ def test_make_accepts_config_overrides(smoke_bank):
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("load, beta", [(0.04, 0.1), (0.07, 0.1), (0.05, 1.0), (0.06, 0.0)])
-def test_shaped_return_equals_successes(smoke_bank, seed, load, beta):
+@pytest.mark.parametrize("load, beta, bursts", [(0.04, 0.1, 0.0), (0.07, 0.1, 0.0), (0.05, 1.0, 0.5),
+                                                (0.06, 0.0, 0.0)])
+def test_shaped_return_equals_successes(smoke_bank, seed, load, beta, bursts):
     """DESIGN §4: Φ_0 = Φ_T = 0, so Σ r_t = #successes for every policy and episode."""
-    env = make(smoke_bank, arrival_prob=load, beta=beta, strict=True)
+    env = make(smoke_bank, arrival_prob=load, beta=beta, strict=True, burst_prob=bursts)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     total, done, dense = 0.0, False, False
@@ -117,3 +119,23 @@ def test_observation_features_are_normalised(smoke_bank):
         assert env.observation_space.contains(obs)
         present = obs["slot_mask"].astype(bool)
         assert np.all(obs["slots"][present, 0] == 1) and np.all(obs["slots"][~present] == 0)
+
+
+def test_training_bursts_put_doomed_tasks_before_short_ones(smoke_bank):
+    env = make(smoke_bank, split="train", burst_prob=1.0).unwrapped
+    plain = make(smoke_bank, split="train").unwrapped
+    for seed in range(5):
+        env.reset(seed=seed)
+        plain.reset(seed=seed)
+        ep = env.episode
+        assert ep.meta.get("burst") and "burst" not in plain.episode.meta
+        assert np.all(np.diff(ep.arrival) >= 0)  # still in arrival order
+        burst = ep.meta["burst"]
+        demand = true_demand(ep, env.curves)
+        doomed = (ep.arrival == burst["start"]) & (demand > env.cap)
+        short = (ep.arrival == burst["start"] + burst["delay"]) & (demand <= 40)
+        assert doomed.sum() >= burst["doomed"] >= 3 and short.sum() >= burst["short"] >= 6
+        assert ep.deadline[short].min() > ep.deadline[doomed].max()  # the short ones end later
+        assert (ep.deadline[short] - ep.arrival[short] >= demand[short]).all()  # and are feasible alone
+    with pytest.raises(ValueError, match="burst_prob"):
+        make(smoke_bank, burst_prob=2.0)
