@@ -10,12 +10,15 @@ answers each prefix on its own.
 Registered as the `vector_entry_point` of `mara_env/MultiNode-v0`, so
 `gymnasium.make_vec("mara_env/MultiNode-v0", num_envs=M,
 vectorization_mode="vector_entry_point")` builds it; RLlib's env runners use
-it with `gym_env_vectorize_mode="vector_entry_point"`.
+it with `gym_env_vectorize_mode="vector_entry_point"`. `replay_in_lockstep`
+does the same for frozen evaluation episodes, with one batched policy call
+per step as well.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from copy import deepcopy
 from dataclasses import replace
 from typing import Any
@@ -25,7 +28,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import concatenate, iterate
 
 from mara_env.env import EnvConfig, MultiNodeEnv
-from mara_fm.predictors import make_predictor
+from mara_env.workload import Episode
+from mara_fm.predictors import Predictor, make_predictor
 
 
 class PooledVectorEnv(SyncVectorEnv):
@@ -52,7 +56,7 @@ class PooledVectorEnv(SyncVectorEnv):
                 stepped.append(i)
             self._truncations[i] = False
             infos = self._add_info(infos, info, i)
-        self._answer_queries([self.envs[i] for i in stepped])
+        answer_queries([self.envs[i] for i in stepped], self.predictor)
         for i in stepped:
             self._env_obs[i] = self.envs[i].observation()
         self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
@@ -61,12 +65,44 @@ class PooledVectorEnv(SyncVectorEnv):
         return (obs, self._rewards.copy(), self._terminations.copy(),
                 self._truncations.copy(), infos)
 
-    def _answer_queries(self, envs: list[MultiNodeEnv]) -> None:
-        queries = [env.prediction_query() for env in envs]
-        sizes = [len(q[0]) for q in queries]
-        if not sum(sizes):
-            return
-        rows, lengths, eps, horizon = (np.concatenate(parts) for parts in zip(*queries, strict=True))
-        answers = self.predictor.replay_remaining(envs[0].curves, rows, lengths, eps, horizon)
-        for env, part in zip(envs, np.split(answers, np.cumsum(sizes)[:-1]), strict=True):
-            env.store_predictions(part)
+
+def answer_queries(envs: list[MultiNodeEnv], predictor: Predictor) -> None:
+    """One predictor call for the prediction queries of every env (they share a curve set)."""
+    queries = [env.prediction_query() for env in envs]
+    sizes = [len(q[0]) for q in queries]
+    if not sum(sizes):
+        return
+    rows, lengths, eps, horizon = (np.concatenate(parts) for parts in zip(*queries, strict=True))
+    answers = predictor.replay_remaining(envs[0].curves, rows, lengths, eps, horizon)
+    for env, part in zip(envs, np.split(answers, np.cumsum(sizes)[:-1]), strict=True):
+        env.store_predictions(part)
+
+
+BatchDecide = Callable[[dict[str, np.ndarray], list[MultiNodeEnv]], np.ndarray]
+
+
+def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: BatchDecide) -> list[dict]:
+    """Play `episodes` side by side: each step, one `decide` call on the stacked
+    observations (B, ...) of the running envs, and one predictor call for all.
+
+    Returns, per episode, the env's end-of-episode summary plus `shaped_return`.
+    """
+    shared = replace(config, predictor=make_predictor(config.predictor))
+    envs = [MultiNodeEnv(shared) for _ in episodes]
+    obs = [env.reset(options={"episode": ep})[0] for env, ep in zip(envs, episodes, strict=True)]
+    returns = [0.0] * len(envs)
+    results: list[dict | None] = [None] * len(envs)
+    live = list(range(len(envs)))
+    while live:
+        stacked = {k: np.stack([obs[i][k] for i in live]) for k in obs[live[0]]}
+        actions = decide(stacked, [envs[i] for i in live])
+        for i, action in zip(live, actions, strict=True):
+            reward, done, info = envs[i].advance(action)
+            returns[i] += reward
+            if done:
+                results[i] = {**info, "shaped_return": returns[i]}
+        answer_queries([envs[i] for i in live], shared.predictor)
+        live = [i for i in live if results[i] is None]
+        for i in live:
+            obs[i] = envs[i].observation()
+    return results

@@ -19,7 +19,8 @@ import numpy as np
 from tqdm import tqdm
 
 from mara_env.allocators import ALLOCATORS
-from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
+from mara_env.env import EnvConfig, load_curves
+from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_env.workload import (
     Episode,
     WorkloadConfig,
@@ -34,7 +35,6 @@ from mara_fm.tracking import mlflow_run
 
 EPISODE_DIR = PROJECT_ROOT / "data" / "episodes"
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
-Decide = Callable[[dict, MultiNodeEnv], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,14 @@ class Method:
 
     name: str
     predictor: str
-    make: Callable[[], Decide] | None  # None: the Oracle bound, not simulated
+    make: Callable[[], BatchDecide] | None  # None: the Oracle bound, not simulated
     seed: int | None = None  # scheduler training seed; None for methods that are not trained
 
 
-def classic(name: str) -> Callable[[], Decide]:
-    def make() -> Decide:
+def classic(name: str) -> Callable[[], BatchDecide]:
+    def make() -> BatchDecide:
         allocator = ALLOCATORS[name]()
-        return lambda obs, env: allocator.act(env.scheduler_view())
+        return lambda obs, envs: np.stack([allocator.act(env.scheduler_view()) for env in envs])
 
     return make
 
@@ -72,9 +72,9 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
     """
     from mara_rl.train_scheduler import act, load_policy, policy_predictor
 
-    def make() -> Decide:
+    def make() -> BatchDecide:
         module = load_policy(policy_dir)
-        return lambda obs, env: act(module, obs)
+        return lambda obs, envs: act(module, obs)
 
     return Method(name, policy_predictor(policy_dir), make, seed)
 
@@ -122,17 +122,6 @@ def frozen_episodes(bank: Path, task_set: str, split: str, load: float, root: in
     return episodes
 
 
-def run_episode(env: MultiNodeEnv, decide: Decide, episode: Episode) -> dict:
-    obs, _ = env.reset(options={"episode": episode})
-    done = False
-    ret = 0.0
-    while not done:
-        obs, reward, done, _, info = env.step(decide(obs, env))
-        ret += reward
-    return {**{k: info[k] for k in ("success_rate", "episode_successes", "episode_tasks", *DIAGNOSTICS)},
-            "shaped_return": ret}
-
-
 @dataclass
 class Record:
     method: str
@@ -159,17 +148,14 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
             per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
             tasks += [len(e) for e in root_eps]
         return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
-    env = MultiNodeEnv(EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor, "strict": True}))
-    decide = method.make()
+    cfg = EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor, "strict": True})
+    outs = replay_in_lockstep(cfg, [ep for root_eps in episodes for ep in root_eps], method.make())
     for root_eps in episodes:
-        rates = []
-        for ep in root_eps:
-            out = run_episode(env, decide, ep)
-            rates.append(out["success_rate"])
-            tasks.append(out["episode_tasks"])
-            for k in DIAGNOSTICS:
-                diag[k].append(out[k])
-        per_root.append(rates)
+        root_outs, outs = outs[:len(root_eps)], outs[len(root_eps):]
+        per_root.append([out["success_rate"] for out in root_outs])
+        tasks += [out["episode_tasks"] for out in root_outs]
+        for k in DIAGNOSTICS:
+            diag[k] += [out[k] for out in root_outs]
     return {"per_root": per_root, "tasks": tasks,
             "diagnostics": {k: float(np.nanmean(v)) if len(v) else math.nan for k, v in diag.items()}}
 

@@ -28,8 +28,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
-from mara_env.vector import PooledVectorEnv
-from mara_fm.predictors import make_predictor
+from mara_env.vector import PooledVectorEnv, replay_in_lockstep
 from mara_fm.profile import section_config
 from mara_fm.tracking import mlflow_run
 from mara_rl.mat_module import MATConfig, MATModule
@@ -193,21 +192,15 @@ def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
 
 def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: int) -> dict[str, float]:
     """Greedy rollouts on seeded validation episodes, stepped in lockstep for batched inference."""
-    base = dataclasses.replace(env_cfg, split="val", predictor=make_predictor(env_cfg.predictor), burst_prob=0.0)
-    envs = [MultiNodeEnv(dataclasses.replace(base)) for _ in range(episodes)]
-    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
-    returns = np.zeros(episodes)
-    finals: list[dict[str, Any] | None] = [None] * episodes
-    while any(f is None for f in finals):
-        live = [i for i, f in enumerate(finals) if f is None]
-        actions = act(module, {k: np.stack([obs[i][k] for i in live]) for k in obs[0]})
-        for i, action in zip(live, actions, strict=True):
-            obs[i], reward, terminated, truncated, info = envs[i].step(action)
-            returns[i] += reward
-            if terminated or truncated:
-                finals[i] = info
+    base = dataclasses.replace(env_cfg, split="val", burst_prob=0.0)
+    sampler = MultiNodeEnv(dataclasses.replace(base, predictor="wls"))  # sampling ignores the predictor
+    val_episodes = []
+    for i in range(episodes):
+        sampler.reset(seed=seed + i)
+        val_episodes.append(sampler.episode)
+    finals = replay_in_lockstep(base, val_episodes, lambda obs, envs: act(module, obs))
     return {"success_rate": float(np.mean([f["success_rate"] for f in finals])),
-            "shaped_return": float(returns.mean()),
+            "shaped_return": float(np.mean([f["shaped_return"] for f in finals])),
             "invalid_actions": float(sum(f["episode_invalid_actions"] for f in finals))}
 
 
