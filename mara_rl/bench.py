@@ -1,4 +1,4 @@
-"""Throughput benchmarks: env steps per second and curve-bank build rate.
+"""Throughput benchmarks: env steps/s, MAT latency, PPO training throughput, bank build rate.
 
 Figures are printed, not asserted: speed targets are measured here, never in
 unit tests. The env benchmark drives the simulator with a trivial valid
@@ -17,6 +17,7 @@ import numpy as np
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
+from mara_rl.train_scheduler import SchedulerConfig
 
 
 def first_slots(obs: dict, n_nodes: int) -> np.ndarray:
@@ -84,8 +85,36 @@ def mat_decision_ms(cfg: EnvConfig, decisions: int = 300, seed: int = 0) -> floa
     return 1000 * float(np.median(times))
 
 
+def training_steps_per_second(sched: SchedulerConfig, env_cfg: EnvConfig, iterations: int = 3) -> float:
+    """Env steps sampled and trained per second by RLlib's PPO with the configured env
+    runners, over the iterations after the first (which pays for start-up)."""
+    import ray
+    from ray.tune.registry import register_env
+
+    from mara_rl.train_scheduler import ENV_ID, make_env, ppo_config
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        register_env(ENV_ID, make_env)
+        algo = ppo_config(sched, env_cfg).build_algo()
+        result = algo.train()
+        before = result["num_env_steps_sampled_lifetime"]
+        start = time.perf_counter()
+        for _ in range(iterations - 1):
+            result = algo.train()
+        seconds = time.perf_counter() - start
+        algo.stop()
+        return (result["num_env_steps_sampled_lifetime"] - before) / seconds
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
-              fm_path: str | None = None, pooled_envs: int = 8) -> dict[str, float]:
+              fm_path: str | None = None, pooled_envs: int = 8,
+              training: SchedulerConfig | None = None) -> dict[str, float]:
     results: dict[str, float] = {}
     predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
     for predictor in predictors:
@@ -100,6 +129,13 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
     results["mat_decision_ms"] = ms
     print(f"MAT decision latency: {ms:.2f} ms per joint action "
           f"(N={cfg.n_nodes}, K={cfg.n_slots}, greedy, 1 CPU thread, median of 300)")
+    if training is not None:
+        env_cfg = replace(cfg, split="train", predictor=training.predictor_spec(), beta=training.beta)
+        rate = training_steps_per_second(training, env_cfg)
+        results["training_steps_per_s"] = rate
+        print(f"PPO training throughput: {rate:.0f} env steps/s sampled and trained "
+              f"({training.num_env_runners} env runners x {training.num_envs_per_env_runner} envs, "
+              f"predictor={training.predictor}, batch {training.train_batch_size})")
     if bank_rate:
         b = bank_build_rate()
         results["bank_curves_per_s"] = b["curves_per_second"]

@@ -64,7 +64,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="test")
-    run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm)
+    training = None
+    if not args.skip_training:
+        from mara_rl.train_scheduler import SchedulerConfig
+
+        training = section_config(SchedulerConfig, args.profile, "scheduler", fm_path=args.fm,
+                                  predictor="fm" if args.fm else "wls")
+    run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bank")
     p.add_argument("--steps", type=int, default=20_000)
     p.add_argument("--skip-bank", action="store_true", help="skip the bank build-rate benchmark")
+    p.add_argument("--skip-training", action="store_true", help="skip the PPO training-throughput benchmark")
     p.add_argument("--fm", help="also time the env with this exported FM predictor inside")
     p.set_defaults(func=cmd_bench)
 
