@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mara_env
-from mara_env.env import MultiNodeEnv
-from mara_env.vector import PooledVectorEnv
+from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.vector import PooledVectorEnv, replay_in_lockstep
 from tests.test_env import random_valid_action
 
 
@@ -59,3 +59,25 @@ def test_rllib_env_creator_pools_when_asked_for_a_vector_env(smoke_bank):
     env_config = {"bank": str(smoke_bank), "split": "test"}
     assert isinstance(make_env(env_config), MultiNodeEnv)
     assert make_env(env_config | {"num_envs": 3}).num_envs == 3
+
+
+def test_lockstep_replay_matches_playing_each_episode_alone(smoke_bank):
+    from mara_env.allocators import ALLOCATORS
+
+    cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1, strict=True)
+    env = MultiNodeEnv(cfg)
+    episodes = []
+    for seed in range(3):
+        env.reset(seed=seed)
+        episodes.append(env.episode)
+    lara = ALLOCATORS["lara"]()
+    together = replay_in_lockstep(cfg, episodes,
+                                  lambda obs, envs: np.stack([lara.act(e.scheduler_view()) for e in envs]))
+    for episode, out in zip(episodes, together, strict=True):
+        env.reset(options={"episode": episode})
+        done, total = False, 0.0
+        while not done:
+            _, reward, done, _, info = env.step(lara.act(env.scheduler_view()))
+            total += reward
+        assert out["episode_successes"] == info["episode_successes"] and out["shaped_return"] == total
+        assert out["utilisation"] == info["utilisation"]
