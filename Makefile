@@ -5,7 +5,6 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 MARA    := $(VENV)/bin/mara
 BANK    := data/banks/$(PROFILE).parquet
-EVAL    := reports/$(PROFILE)/evaluation
 FM      := artifacts/predictor/$(PROFILE)/predictor
 SEED    ?= 0
 BETA    ?= 0.1
@@ -55,12 +54,10 @@ submit-scheduler: $(FM)/config.json
 	$(MARA) submit-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
 		--beta $(BETA) --seed $(SEED) --bank $(BANK) --wait
 
-evaluate: $(EVAL)/results.json
-$(EVAL)/results.json: $(BANK)
-	$(MARA) evaluate --profile $(PROFILE) --bank $(BANK) --methods fifo,edf,lara,oracle \
-		--task-set id,rl_ood,vit_ood --load 0.04 --out $(EVAL)
-	$(MARA) evaluate --profile $(PROFILE) --bank $(BANK) --methods fifo,edf,lara,oracle \
-		--task-set id --scenario stress --out $(EVAL)/stress
+# Every method and trained variant (MARA, MARA-WLS, sparse per seed; train them first):
+# main table, stress scenario, load sweep. EXTRA=NAME=DIR,... adds more policies.
+evaluate: $(BANK)
+	$(MARA) evaluate-all --profile $(PROFILE) $(if $(EXTRA),--policies $(EXTRA))
 
 bench: $(FM)/config.json
 	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM)

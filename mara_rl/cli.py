@@ -38,10 +38,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                               episodes_per_root=args.episodes)
     available = builtin_methods(args.fm)
     names = _csv(args.methods)
-    for item in _csv(args.policies or ""):
-        name, _, path = item.partition("=")
-        if not path:
-            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR")
+    for name, path in parse_policies(args.policies).items():
         available[name] = learned(name, path)
         names.append(name)
     unknown = [m for m in names if m not in available]
@@ -53,6 +50,17 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                        scenario=args.scenario, out_dir=Path(args.out), log_mlflow=not args.no_mlflow)
     print(markdown_table(records))
     print(f"results: {Path(args.out) / 'results.json'}")
+
+
+def parse_policies(text: str | None) -> dict[str, str]:
+    """`NAME=POLICY_DIR,...` → {name: dir}."""
+    policies = {}
+    for item in _csv(text or ""):
+        name, _, path = item.partition("=")
+        if not name or not path:
+            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR")
+        policies[name] = path
+    return policies
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -125,6 +125,14 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
     return Stage(f"scheduler {variant.name} seed {seed}", out / "policy" / "policy.json", run)
 
 
+def trained_policies(profile: str, paths: Paths) -> dict[tuple[str, int], Path]:
+    """(variant, seed) → the policy.json its training run exports, for every variant and seed."""
+    from mara_rl.evaluate import EvalConfig
+
+    seeds = list(section_config(EvalConfig, profile, "evaluation").scheduler_seeds)
+    return {(v.name, seed): scheduler_stage(profile, paths, v, seed).output for seed in seeds for v in VARIANTS}
+
+
 def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
                       policies: dict[tuple[str, int], Path]) -> list[Stage]:
     """Main table, stress scenario and load sweep: every method on the same frozen episodes."""
@@ -190,13 +198,34 @@ def reproduce(profile: str, cfg: PipelineConfig = PipelineConfig(), progress: bo
         Stage("predictor", paths.fm / "config.json", train_fm),
         Stage("predictor evaluation", paths.predictor_eval, eval_fm),
     ]
-    schedulers = [(v, seed, scheduler_stage(profile, paths, v, seed)) for seed in seeds for v in VARIANTS]
-    stages += [stage for _, _, stage in schedulers]
-    policies = {(v.name, seed): stage.output for v, seed, stage in schedulers}
-    stages += evaluation_stages(profile, paths, cfg, policies)
+    stages += [scheduler_stage(profile, paths, v, seed) for seed in seeds for v in VARIANTS]
+    stages += evaluation_stages(profile, paths, cfg, trained_policies(profile, paths))
     stages.append(Stage("report", paths.report / REPORT_JSON, lambda: make_report(profile, cfg=cfg.report)))
     run_stages(stages, progress)
     return paths.report / "report.md"
+
+
+def evaluate_all(profile: str, cfg: PipelineConfig = PipelineConfig(),
+                 extra: dict[str, Path] | None = None) -> None:
+    """The evaluation stages of `reproduce` (main, stress, sweep), always rerun, for the
+    trained variants of every seed (which must exist) plus `extra` policies by name."""
+    paths = Paths(profile)
+    policies = trained_policies(profile, paths)
+    missing = [f"{name} (seed {seed}): {path}" for (name, seed), path in policies.items() if not path.exists()]
+    if missing:
+        raise FileNotFoundError("no trained policy for " + "; ".join(missing)
+                                + " — train it (`make train-scheduler`, see README) or run `make reproduce`")
+    for name, policy_dir in (extra or {}).items():
+        policies[(name, 0)] = Path(policy_dir) / "policy.json"
+    for stage in evaluation_stages(profile, paths, cfg, policies):
+        stage.run()
+
+
+def cmd_evaluate_all(args: argparse.Namespace) -> None:
+    from mara_rl.cli import parse_policies
+
+    evaluate_all(args.profile, extra=parse_policies(args.policies))
+    print(f"results under {Paths(args.profile).evaluation} (then `mara report --profile {args.profile}`)")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
@@ -216,6 +245,12 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("reproduce", help="every stage, bank to report (resumable)")
     p.add_argument("--profile", default="default")
     p.set_defaults(func=cmd_reproduce)
+
+    p = subparsers.add_parser("evaluate-all", help="every method and trained variant: main table, "
+                              "stress scenario, load sweep (the evaluation stages of reproduce)")
+    p.add_argument("--profile", default="default")
+    p.add_argument("--policies", help="extra learned methods as NAME=POLICY_DIR,...")
+    p.set_defaults(func=cmd_evaluate_all)
 
     p = subparsers.add_parser("report", help="Tables 2-4, load sweep and paired CIs from results")
     p.add_argument("--profile", default="default")

@@ -40,7 +40,7 @@ from mara_rl.report import (
 from mara_rl.stats import align_seeds, mean_std, paired_bootstrap
 
 TASK_SETS = ["id", "rl_ood", "vit_ood"]
-IDLE = Method("idle", "wls", lambda: lambda obs, env: np.zeros(env.cfg.n_nodes, np.int64))
+IDLE = Method("idle", "wls", lambda: lambda obs, envs: np.zeros((len(envs), envs[0].cfg.n_nodes), np.int64))
 PREDICTOR_EVAL = [{"task_set": "id", "predictor": "fm", "n_queries": 12, "capped_mae": 10.5,
                    "budget_accuracy": 0.75, "mae_reduction_vs_wls": 0.25, "ms_per_prefix": 0.01,
                    "ms_per_call_7": 0.2},
@@ -189,3 +189,13 @@ def test_stages_with_outputs_are_skipped(tmp_path: Path) -> None:
     run_stages([Stage("old", done, lambda: ran.append("old")),
                 Stage("new", tmp_path / "new.json", lambda: ran.append("new"))], progress=False)
     assert ran == ["new"]
+
+
+def test_evaluate_all_names_every_untrained_variant(tmp_path: Path) -> None:
+    from mara_fm.profile import PROJECT_ROOT
+    from mara_rl.pipeline import evaluate_all
+
+    profile = tmp_path / "never_trained.toml"
+    profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
+    with pytest.raises(FileNotFoundError, match=r"mara \(seed 0\).*mara_wls \(seed 0\).*sparse \(seed 0\)"):
+        evaluate_all(str(profile))
