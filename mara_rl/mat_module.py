@@ -47,6 +47,9 @@ class MATConfig:
     n_heads: int = 1
     n_blocks: int = 1
     ff_dim: int = 64
+    # Mask "idle" for a node while some present slot is still untaken. In this simulator
+    # serving a task costs nothing, so idling beside a waiting task never helps.
+    work_conserving: bool = False
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any] | None) -> MATConfig:
@@ -192,6 +195,8 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         taken_before = (chosen.cumsum(1) - chosen) > 0
         taken_before[..., 0] = False  # idle is not exclusive
         allowed = exists.unsqueeze(1) & ~taken_before  # exists[:, 0] doubles as "idle allowed"
+        if self.cfg.work_conserving:
+            allowed[..., 0] = ~allowed[..., 1:].any(-1)
         return logits.masked_fill(~allowed, MASKED_LOGIT)
 
     def _sample(self, obs: dict[str, Tensor], greedy: bool) -> dict[str, Tensor]:
@@ -215,13 +220,15 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
             x = x + self.node_pos[i]
             for j, block in enumerate(self.decoder):
                 x, caches[j] = block.step(x, caches[j], context_kv[j], context_mask)
+            if self.cfg.work_conserving:
+                allowed[:, 0] = ~allowed[:, 1:].any(-1)
             logits_i = (self.pointer_query(x) @ keys).squeeze(1).masked_fill(~allowed, MASKED_LOGIT)
             if greedy:
                 a = logits_i.argmax(-1)
             else:
                 a = torch.distributions.Categorical(logits=logits_i).sample()
             allowed = allowed.scatter(1, a[:, None], False)
-            allowed[:, 0] = True  # idle is not exclusive
+            allowed[:, 0] = True  # idle is not exclusive (work conservation is re-checked per node)
             x = choices[torch.arange(b, device=a.device), a].unsqueeze(1)
             actions.append(a)
             rows.append(logits_i)

@@ -73,6 +73,7 @@ class SchedulerConfig:
     n_heads: int = 1
     n_blocks: int = 1
     ff_dim: int = 64
+    work_conserving: bool = False
     # Sampling.
     num_env_runners: int = 2
     num_envs_per_env_runner: int = 8
@@ -88,7 +89,7 @@ class SchedulerConfig:
     eval_seed: int = 1_000_000
 
     def mat_config(self) -> MATConfig:
-        return MATConfig(self.embed_dim, self.n_heads, self.n_blocks, self.ff_dim)
+        return MATConfig(self.embed_dim, self.n_heads, self.n_blocks, self.ff_dim, self.work_conserving)
 
     def predictor_spec(self) -> str:
         if self.predictor == "fm":

@@ -21,7 +21,7 @@ def spaces(n_nodes: int = N, n_slots: int = K) -> tuple[gym.spaces.Dict, gym.spa
     return make_spaces(n_nodes, n_slots)
 
 
-def build(seed: int = 0, **model_config: int) -> MATModule:
+def build(seed: int = 0, **model_config: int | bool) -> MATModule:
     torch.manual_seed(seed)
     obs_space, act_space = spaces()
     return RLModuleSpec(module_class=MATModule, observation_space=obs_space,
@@ -55,8 +55,9 @@ def assert_valid(actions: torch.Tensor, obs: dict[str, torch.Tensor]) -> None:
     assert (picks <= obs["slot_mask"].long()).all(), "an empty slot was picked"
 
 
-def test_train_logp_equals_sampling_logp() -> None:
-    module = build()
+@pytest.mark.parametrize("work_conserving", [False, True])
+def test_train_logp_equals_sampling_logp(work_conserving: bool) -> None:
+    module = build(work_conserving=work_conserving)
     obs = random_obs(256)
     explored = module.forward_exploration({Columns.OBS: obs})
     trained = module.forward_train({Columns.OBS: obs, Columns.ACTIONS: explored[Columns.ACTIONS]})
@@ -119,3 +120,16 @@ def test_model_config_sizes_and_compute_values_shape() -> None:
     assert module.cfg.embed_dim == 32 and len(module.encoder) == 2
     values = module.compute_values({Columns.OBS: random_obs(5)})
     assert values.shape == (5,)
+
+
+def test_work_conserving_nodes_idle_only_when_every_task_is_served() -> None:
+    module = build(work_conserving=True)
+    obs = random_obs(340, seed=4)
+    counts = obs["slot_mask"].sum(1)
+    for out in (module.forward_exploration({Columns.OBS: obs}), module.forward_inference({Columns.OBS: obs})):
+        assert_valid(out[Columns.ACTIONS], obs)
+        served = (out[Columns.ACTIONS] > 0).sum(1)
+        assert torch.equal(served, torch.minimum(counts, torch.tensor(N)))
+    lazy = build()  # without the mask an untrained policy idles beside waiting tasks
+    served = (lazy.forward_exploration({Columns.OBS: obs})[Columns.ACTIONS] > 0).sum(1)
+    assert (served < torch.minimum(counts, torch.tensor(N))).any()
