@@ -199,3 +199,14 @@ def test_evaluate_all_names_every_untrained_variant(tmp_path: Path) -> None:
     profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
     with pytest.raises(FileNotFoundError, match=r"mara \(seed 0\).*mara_wls \(seed 0\).*sparse \(seed 0\)"):
         evaluate_all(str(profile))
+
+
+def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:
+    report = json.loads((written / "report.json").read_text())
+    targets = {t["target"]: t for t in report["targets"]}
+    vs_lara = report["table2_comparisons"]["mean"]["lara"]
+    margin = next(t for name, t in targets.items() if name.startswith("mara − lara on the mean"))
+    assert margin["met"] == (vs_lara["mean"] >= 0.085 and vs_lara["low"] > 0)
+    stress = next(t for name, t in targets.items() if name.startswith("stress"))
+    assert stress["met"] is False  # "mara" here is EDF, which scores 0 in the stress scenario
+    assert "## Targets" in (written / "report.md").read_text()
