@@ -42,7 +42,7 @@ class Grid:
 
 
 def scan(workloads: list[WorkloadConfig], bank: Path, load: float, episodes: int, seed: int) -> list[dict]:
-    curves, _ = load_curves(bank, "id", "val")
+    curves = load_curves(bank, "id", "val")
     methods = builtin_methods()
     rows = []
     for wl in workloads:

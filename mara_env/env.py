@@ -88,13 +88,12 @@ class EnvConfig:
 
 
 @functools.lru_cache(maxsize=16)
-def _curves(bank: str, mtime: float, task_set: str, split: str) -> tuple[CurveSet, np.ndarray]:
-    curves = select(load_bank(bank), task_set, split)
-    return curves, curves.avg
+def _curves(bank: str, mtime: float, task_set: str, split: str) -> CurveSet:
+    return select(load_bank(bank), task_set, split)
 
 
-def load_curves(bank: str | Path, task_set: str, split: str) -> tuple[CurveSet, np.ndarray]:
-    """A curve set and its cumulative averages (cached per file version)."""
+def load_curves(bank: str | Path, task_set: str, split: str) -> CurveSet:
+    """A curve set of a bank file (cached per file version, so envs share its derived arrays)."""
     path = Path(bank)
     if not path.exists():
         raise FileNotFoundError(f"{path}: bank file not found (build one with `mara curves`)")
@@ -140,7 +139,7 @@ class MultiNodeEnv(gym.Env):
 
     def __init__(self, config: EnvConfig | None = None, **overrides: Any) -> None:
         self.cfg = config = config or EnvConfig.from_overrides(**overrides)
-        self.curves, self.curve_avg = load_curves(config.bank_path, config.task_set, config.split)
+        self.curves = load_curves(config.bank_path, config.task_set, config.split)
         wl = config.workload
         self.reference = (family_reference(self.curves, wl.eps_quantile)
                           if wl.threshold_source == "family" else None)
@@ -165,7 +164,7 @@ class MultiNodeEnv(gym.Env):
         rows = curve_rows(episode, self.curves)
         m = len(episode)
         self.task_rows = rows
-        self.task_avg = self.curve_avg[rows]
+        self.task_avg = self.curves.avg[rows]
         self.task_log_avg = self.curves.log_avg[rows]
         self.arrival = episode.arrival
         self.deadline = episode.deadline

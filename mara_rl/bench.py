@@ -17,7 +17,7 @@ import numpy as np
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
-from mara_rl.train_scheduler import SchedulerConfig
+from mara_rl.train_scheduler import SchedulerConfig, build_algorithm
 
 
 def first_slots(obs: dict, n_nodes: int) -> np.ndarray:
@@ -89,16 +89,10 @@ def training_steps_per_second(sched: SchedulerConfig, env_cfg: EnvConfig, iterat
     """Env steps sampled and trained per second by RLlib's PPO with the configured env
     runners, over the iterations after the first (which pays for start-up)."""
     import ray
-    from ray.tune.registry import register_env
-
-    from mara_rl.train_scheduler import ENV_ID, make_env, ppo_config
 
     started = not ray.is_initialized()
-    if started:
-        ray.init(include_dashboard=False, log_to_driver=False)
     try:
-        register_env(ENV_ID, make_env)
-        algo = ppo_config(sched, env_cfg).build_algo()
+        algo = build_algorithm(sched, env_cfg)
         result = algo.train()
         before = result["num_env_steps_sampled_lifetime"]
         start = time.perf_counter()
@@ -114,7 +108,8 @@ def training_steps_per_second(sched: SchedulerConfig, env_cfg: EnvConfig, iterat
 
 def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
               fm_path: str | None = None, pooled_envs: int = 8,
-              training: SchedulerConfig | None = None) -> dict[str, float]:
+              training: tuple[SchedulerConfig, EnvConfig] | None = None) -> dict[str, float]:
+    """Print and return every figure; `training` is a run's config and its training env."""
     results: dict[str, float] = {}
     predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
     for predictor in predictors:
@@ -130,12 +125,12 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
     print(f"MAT decision latency: {ms:.2f} ms per joint action "
           f"(N={cfg.n_nodes}, K={cfg.n_slots}, greedy, 1 CPU thread, median of 300)")
     if training is not None:
-        env_cfg = replace(cfg, split="train", predictor=training.predictor_spec(), beta=training.beta)
-        rate = training_steps_per_second(training, env_cfg)
+        sched, env_cfg = training
+        rate = training_steps_per_second(sched, env_cfg)
         results["training_steps_per_s"] = rate
         print(f"PPO training throughput: {rate:.0f} env steps/s sampled and trained "
-              f"({training.num_env_runners} env runners x {training.num_envs_per_env_runner} envs, "
-              f"predictor={training.predictor}, batch {training.train_batch_size})")
+              f"({sched.num_env_runners} env runners x {sched.num_envs_per_env_runner} envs, "
+              f"predictor={sched.predictor}, batch {sched.train_batch_size})")
     if bank_rate:
         b = bank_build_rate()
         results["bank_curves_per_s"] = b["curves_per_second"]

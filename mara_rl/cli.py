@@ -74,10 +74,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="test")
     training = None
     if not args.skip_training:
-        from mara_rl.train_scheduler import SchedulerConfig
+        from mara_rl.train_scheduler import SchedulerConfig, training_env
 
-        training = section_config(SchedulerConfig, args.profile, "scheduler", fm_path=args.fm,
-                                  predictor="fm" if args.fm else "wls")
+        sched = section_config(SchedulerConfig, args.profile, "scheduler", fm_path=args.fm,
+                               predictor="fm" if args.fm else "wls")
+        training = (sched, training_env(sched, args.profile, bank))
     run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training)
 
 

@@ -108,7 +108,7 @@ def frozen_episodes(bank: Path, task_set: str, split: str, load: float, root: in
         episodes = load_episodes(path)
         if len(episodes) >= count:
             return episodes[:count]
-    curves, _ = load_curves(bank, task_set, split)
+    curves = load_curves(bank, task_set, split)
     if scenario == "stress":
         episodes = [stress_episode(curves, horizon, seed=root)]
     else:
@@ -143,7 +143,7 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
     diag: dict[str, list[float]] = {k: [] for k in DIAGNOSTICS}
     tasks: list[int] = []
     if method.make is None:
-        curves, _ = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
+        curves = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
         for root_eps in episodes:
             per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
             tasks += [len(e) for e in root_eps]

@@ -229,6 +229,17 @@ def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
     )
 
 
+def build_algorithm(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
+    """RLlib's PPO for this run, on the Ray already connected or a new local one."""
+    import ray
+    from ray.tune.registry import register_env
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    register_env(ENV_ID, make_env)
+    return ppo_config(cfg, env_cfg).build_algo()
+
+
 def iteration_metrics(result: dict[str, Any], seconds: float, steps: float) -> dict[str, float]:
     runners = result.get("env_runners", {})
     learner = result.get("learners", {}).get(DEFAULT_MODULE_ID, {})
@@ -281,9 +292,6 @@ def _save_checkpoint(algo: Any, out_dir: Path) -> Path:
 def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str | None = None,
           fresh: bool = False) -> Path:
     """PPO until `cfg.iterations`; returns the exported policy folder."""
-    import ray
-    from ray.tune.registry import register_env
-
     out_dir = out_dir.resolve()
     if fresh:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -296,10 +304,7 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.torch_threads)
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
-    register_env(ENV_ID, make_env)
-    algo = ppo_config(cfg, env_cfg).build_algo()
+    algo = build_algorithm(cfg, env_cfg)
     checkpoint = out_dir / "checkpoint"
     if state and checkpoint.exists():
         algo.restore_from_path(str(checkpoint))

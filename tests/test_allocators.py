@@ -23,7 +23,7 @@ def test_allocators_never_emit_invalid_actions_and_stay_below_oracle(smoke_bank,
 
 
 def test_stress_scenario_separates_estimators_from_fifo_and_edf(smoke_bank):
-    curves, _ = load_curves(smoke_bank, "id", "test")
+    curves = load_curves(smoke_bank, "id", "test")
     episode = stress_episode(curves, seed=0)
     assert len(episode) == 20
     assert oracle_successes(episode, curves) / len(episode) == pytest.approx(0.65)

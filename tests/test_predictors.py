@@ -55,7 +55,7 @@ def test_make_predictor_rejects_unknown_names():
 @pytest.mark.parametrize("name", ["wls", "oracle"])
 def test_replaying_a_curve_set_matches_predicting_from_prefixes(smoke_bank, name):
     """The simulator's path (WLS: fits tabulated once per curve set) gives the same answers."""
-    curves, _ = load_curves(smoke_bank, "id", "train")
+    curves = load_curves(smoke_bank, "id", "train")
     rng = np.random.default_rng(0)
     rows = rng.integers(0, len(curves), 64)
     lengths = rng.integers(1, curves.cap, 64)
