@@ -14,10 +14,11 @@ true demand is close to n_t and the window factor decides feasibility; with
 (a target set too ambitiously): serving those is pure waste. Deadlines are
 clipped to the horizon, so late arrivals with long windows are infeasible.
 
-Calibration on ID train episodes at p = 0.04 (see README): "family"
-thresholds left too little demand for contention (every allocator sat at the
-Oracle bound); the defaults give Oracle ≈ 69%, node utilisation ≈ 72%, and
-LARA with true demand ≈ 6 points above LARA with WLS. Episodes are plain data
+Calibration at p = 0.04 (README; `experiments/calibrate_workload.py` writes
+reports/calibration/calibration.md): "family" thresholds left too little
+demand for contention (every allocator sat at the Oracle bound); with the
+defaults, on ID val, Oracle ≈ 66%, EDF's node utilisation ≈ 68%, and LARA
+with true demand ≈ 3 points above LARA with WLS. Episodes are plain data
 (curve ids, arrival, ε, window), so frozen evaluation episodes are saved once
 and replayed by every method.
 """
