@@ -35,13 +35,37 @@ from mara_fm.targets import (
 class Curves:
     """A CurveSet with its cumulative averages computed once."""
 
+    losses: np.ndarray
     avg: np.ndarray
     batch_size: np.ndarray
     lr: np.ndarray
 
     @staticmethod
     def of(curves: CurveSet) -> Curves:
-        return Curves(curves.avg, curves.batch_size, curves.lr)
+        return Curves(curves.losses, curves.avg, curves.batch_size, curves.lr)
+
+    def with_losses(self, losses: np.ndarray) -> Curves:
+        avg = np.cumsum(losses, axis=1) / np.arange(1, losses.shape[1] + 1)
+        return Curves(losses, avg, self.batch_size, self.lr)
+
+
+def wobble(losses: np.ndarray, share: float, sigma: float, length: float,
+           rng: np.random.Generator) -> np.ndarray:
+    """`losses` with a share of rows multiplied by exp(σ·z), z a unit-variance AR(1) path.
+
+    The correlation length (batches) keeps the factor smooth, so the cumulative
+    average of a wobbled curve rises where the factor climbs faster than the
+    loss falls, then settles (see `PredictorConfig.augment_prob`).
+    """
+    n, cap = losses.shape
+    rho = float(np.exp(-1.0 / length))
+    noise = rng.standard_normal((n, cap))
+    z = np.empty((n, cap))
+    z[:, 0] = noise[:, 0]
+    for t in range(1, cap):
+        z[:, t] = rho * z[:, t - 1] + np.sqrt(1.0 - rho * rho) * noise[:, t]
+    chosen = rng.random(n) < share
+    return np.where(chosen[:, None], losses * np.exp(sigma * z), losses)
 
 
 def sample_examples(n_curves: int, cap: int, per_curve: int, cfg: PredictorConfig,
@@ -127,12 +151,17 @@ class FMDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        rng = np.random.default_rng([self.cfg.seed, 3, epoch])
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, 3, epoch])
         rows, n, k = sample_examples(len(self.train.avg), self.train.avg.shape[1],
-                                     self.cfg.examples_per_curve, self.cfg, rng)
+                                     cfg.examples_per_curve, cfg, rng)
         order = rng.permutation(len(rows))
-        data = to_tensors(*raw_examples(self.train, rows[order], n[order], k[order], self.cfg),
-                          self.stats)
+        curves = self.train
+        if cfg.augment_prob > 0:
+            aug_rng = np.random.default_rng([cfg.seed, 4, epoch])
+            curves = curves.with_losses(wobble(curves.losses, cfg.augment_prob, cfg.augment_sigma,
+                                               cfg.augment_length, aug_rng))
+        data = to_tensors(*raw_examples(curves, rows[order], n[order], k[order], cfg), self.stats)
         return DataLoader(TensorDataset(*data), batch_size=self.cfg.batch_size, shuffle=False)
 
     def val_dataloader(self) -> DataLoader:

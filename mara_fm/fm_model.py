@@ -44,6 +44,13 @@ class PredictorConfig:
     short_prefix_prob: float = 0.5  # share of examples with a log-uniform prefix length
     min_horizon: int = 8  # batches
     full_horizon_prob: float = 0.5  # share of examples whose horizon is the rest of the curve
+    # Augmentation (fm_data.wobble): each epoch, this share of train curves has its per-batch
+    # losses multiplied by a smooth random factor exp(σ·z), z a unit-variance AR(1) process with
+    # correlation length `augment_length` batches, so cumulative averages sometimes rise for a
+    # while (every ID family decreases almost monotonically; RL TD losses do not). 0 = off.
+    augment_prob: float = 0.0
+    augment_sigma: float = 0.5
+    augment_length: float = 30.0
     # optimisation (fm_lightning.py)
     batch_size: int = 256
     lr: float = 2e-3
@@ -57,6 +64,13 @@ class PredictorConfig:
     sample_choices: tuple[int, ...] = (8, 16)
     step_choices: tuple[int, ...] = (1, 2, 4)
     sampling_tolerance: float = 0.02  # take the cheapest setting within 2% of the best val MAE
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.augment_prob <= 1.0:
+            raise ValueError(f"PredictorConfig.augment_prob must be in [0, 1], got {self.augment_prob}")
+        if self.augment_sigma < 0 or self.augment_length <= 0:
+            raise ValueError("PredictorConfig.augment_sigma must be ≥ 0 and augment_length > 0, got "
+                             f"{self.augment_sigma} and {self.augment_length}")
 
 
 def time_frequencies(dim: int) -> torch.Tensor:
