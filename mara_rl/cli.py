@@ -37,10 +37,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     eval_cfg = section_config(EvalConfig, args.profile, "evaluation", roots=args.roots,
                               episodes_per_root=args.episodes)
     available = builtin_methods(args.fm)
-    names = _csv(args.methods)
+    names = list(dict.fromkeys(_csv(args.methods)))
     for name, path in parse_policies(args.policies).items():
         available[name] = learned(name, path)
-        names.append(name)
+        if name not in names:  # naming it in --methods as well must not run it twice
+            names.append(name)
     unknown = [m for m in names if m not in available]
     if unknown:
         raise ConfigError(f"unknown method(s) {unknown}; available: {sorted(available)}"

@@ -11,9 +11,9 @@ from mara_rl.evaluate import EPISODE_DIR
 def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflow_store):
     out = tmp_path / "eval"
     main(["evaluate", "--profile", "smoke", "--bank", str(smoke_bank), "--methods",
-          "fifo,edf,lara,oracle", "--task-set", "id", "--load", "0.04", "--out", str(out)])
+          "fifo,edf,lara,oracle,fifo", "--task-set", "id", "--load", "0.04", "--out", str(out)])
     records = json.loads((out / "results.json").read_text())
-    assert [r["method"] for r in records] == ["fifo", "edf", "lara", "oracle"]
+    assert [r["method"] for r in records] == ["fifo", "edf", "lara", "oracle"]  # a repeat runs once
     for r in records:
         assert 0.0 <= r["success_rate_mean"] <= 1.0 and len(r["per_root"]) == 2
     oracle = records[-1]
