@@ -207,6 +207,9 @@ def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:
     vs_lara = report["table2_comparisons"]["mean"]["lara"]
     margin = next(t for name, t in targets.items() if name.startswith("mara − lara on the mean"))
     assert margin["met"] == (vs_lara["mean"] >= 0.085 and vs_lara["low"] > 0)
+    on_id = report["table2_comparisons"]["id"]
+    assert targets["mara − lara on id ≥ 8.0 points"]["met"] == (on_id["lara"]["mean"] >= 0.08)
+    assert targets["mara above fifo on id"]["met"] == (on_id["fifo"]["mean"] > 0)
     stress = next(t for name, t in targets.items() if name.startswith("stress"))
     assert stress["met"] is False  # "mara" here is EDF, which scores 0 in the stress scenario
     assert "## Targets" in (written / "report.md").read_text()
