@@ -17,6 +17,7 @@ import numpy as np
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
+from mara_rl.mat_module import MATConfig
 from mara_rl.train_scheduler import SchedulerConfig, build_algorithm
 
 
@@ -63,15 +64,14 @@ def bank_build_rate(curves_per_id_family: int = 2, curves_per_ood_set: int = 4) 
     return {"curves": n, "seconds": seconds, "curves_per_second": n / seconds}
 
 
-def mat_decision_ms(cfg: EnvConfig, decisions: int = 300, seed: int = 0) -> float:
+def mat_decision_ms(cfg: EnvConfig, mat: MATConfig | None = None, decisions: int = 300, seed: int = 0) -> float:
     """Median ms per greedy joint action of a (fresh) MAT policy on real observations, 1 thread."""
     import torch
 
-    from mara_rl.mat_module import MATConfig
     from mara_rl.train_scheduler import act, module_spec
 
     torch.set_num_threads(1)
-    module = module_spec(cfg, MATConfig()).build().eval()
+    module = module_spec(cfg, mat or MATConfig()).build().eval()
     env = MultiNodeEnv(cfg)
     obs, _ = env.reset(seed=seed)
     times = []
@@ -108,8 +108,10 @@ def training_steps_per_second(sched: SchedulerConfig, env_cfg: EnvConfig, iterat
 
 def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
               fm_path: str | None = None, pooled_envs: int = 8,
-              training: tuple[SchedulerConfig, EnvConfig] | None = None) -> dict[str, float]:
-    """Print and return every figure; `training` is a run's config and its training env."""
+              training: tuple[SchedulerConfig, EnvConfig] | None = None,
+              mat: MATConfig | None = None) -> dict[str, float]:
+    """Print and return every figure; `training` is a run's config and its training env,
+    `mat` the network whose decision latency is measured (the profile's)."""
     results: dict[str, float] = {}
     predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
     for predictor in predictors:
@@ -120,7 +122,7 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
             results[key] = rate
             how = "one env" if num_envs == 1 else f"{num_envs} envs pooled"
             print(f"env steps/s, predictor={name:7s}: {rate:9.0f}  (one process, {how}, {steps} steps)")
-    ms = mat_decision_ms(cfg)
+    ms = mat_decision_ms(cfg, mat)
     results["mat_decision_ms"] = ms
     print(f"MAT decision latency: {ms:.2f} ms per joint action "
           f"(N={cfg.n_nodes}, K={cfg.n_slots}, greedy, 1 CPU thread, median of 300)")

@@ -73,14 +73,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="test")
-    training = None
-    if not args.skip_training:
-        from mara_rl.train_scheduler import SchedulerConfig, training_env
+    from mara_rl.train_scheduler import SchedulerConfig, training_env
 
-        sched = section_config(SchedulerConfig, args.profile, "scheduler", fm_path=args.fm,
-                               predictor="fm" if args.fm else "wls")
-        training = (sched, training_env(sched, args.profile, bank))
-    run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training)
+    sched = section_config(SchedulerConfig, args.profile, "scheduler", fm_path=args.fm,
+                           predictor="fm" if args.fm else "wls")
+    training = None if args.skip_training else (sched, training_env(sched, args.profile, bank))
+    run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training,
+              mat=sched.mat_config())
 
 
 def build_parser() -> argparse.ArgumentParser:
