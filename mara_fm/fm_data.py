@@ -10,7 +10,7 @@ across epochs. The split is by curve (the bank's `split` column).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
 
 import lightning as L
@@ -29,24 +29,6 @@ from mara_fm.targets import (
     history_features,
     static_features,
 )
-
-
-@dataclass(frozen=True)
-class Curves:
-    """A CurveSet with its cumulative averages computed once."""
-
-    losses: np.ndarray
-    avg: np.ndarray
-    batch_size: np.ndarray
-    lr: np.ndarray
-
-    @staticmethod
-    def of(curves: CurveSet) -> Curves:
-        return Curves(curves.losses, curves.avg, curves.batch_size, curves.lr)
-
-    def with_losses(self, losses: np.ndarray) -> Curves:
-        avg = np.cumsum(losses, axis=1) / np.arange(1, losses.shape[1] + 1)
-        return Curves(losses, avg, self.batch_size, self.lr)
 
 
 def wobble(losses: np.ndarray, share: float, sigma: float, length: float,
@@ -88,7 +70,7 @@ def sample_examples(n_curves: int, cap: int, per_curve: int, cfg: PredictorConfi
     return rows, n, k
 
 
-def raw_examples(curves: Curves, rows: np.ndarray, n: np.ndarray, k: np.ndarray,
+def raw_examples(curves: CurveSet, rows: np.ndarray, n: np.ndarray, k: np.ndarray,
                  cfg: PredictorConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Unstandardised (points, counts, static, y) for the given examples."""
     avg, b = curves.avg[rows], curves.batch_size[rows]
@@ -99,12 +81,11 @@ def raw_examples(curves: Curves, rows: np.ndarray, n: np.ndarray, k: np.ndarray,
     return points, counts, static, y
 
 
-def fit_stats(curves: Curves, cfg: PredictorConfig) -> Stats:
+def fit_stats(curves: CurveSet, cfg: PredictorConfig) -> Stats:
     """Standardisation statistics from a large seeded draw of train examples."""
     rng = np.random.default_rng([cfg.seed, 1])
     points, counts, static, y = raw_examples(
-        curves, *sample_examples(len(curves.avg), curves.avg.shape[1],
-                                 cfg.stats_examples_per_curve, cfg, rng), cfg)
+        curves, *sample_examples(len(curves), curves.cap, cfg.stats_examples_per_curve, cfg, rng), cfg)
     real = np.arange(points.shape[1])[None, :] < counts[:, None]
     return Stats(Standardizer.fit(points[real]), Standardizer.fit(static), Standardizer.fit(y))
 
@@ -134,10 +115,10 @@ class FMDataModule(L.LightningDataModule):
         cfg = self.cfg
         frame = load_bank(self.bank_path)
         train, val = select(frame, "id", "train"), select(frame, "id", "val")
-        self.train = Curves.of(train)
+        self.train = train
         self.stats = fit_stats(self.train, cfg)
         rng = np.random.default_rng([cfg.seed, 2])
-        val_data = to_tensors(*raw_examples(Curves.of(val), *sample_examples(
+        val_data = to_tensors(*raw_examples(val, *sample_examples(
             len(val), val.cap, cfg.val_examples_per_curve, cfg, rng), cfg), self.stats)
         gen = torch.Generator().manual_seed(cfg.seed)
         z0 = torch.randn(val_data[3].shape, generator=gen)
@@ -153,16 +134,15 @@ class FMDataModule(L.LightningDataModule):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         cfg = self.cfg
         rng = np.random.default_rng([cfg.seed, 3, epoch])
-        rows, n, k = sample_examples(len(self.train.avg), self.train.avg.shape[1],
-                                     cfg.examples_per_curve, cfg, rng)
+        rows, n, k = sample_examples(len(self.train), self.train.cap, cfg.examples_per_curve, cfg, rng)
         order = rng.permutation(len(rows))
         curves = self.train
         if cfg.augment_prob > 0:
             aug_rng = np.random.default_rng([cfg.seed, 4, epoch])
-            curves = curves.with_losses(wobble(curves.losses, cfg.augment_prob, cfg.augment_sigma,
-                                               cfg.augment_length, aug_rng))
+            curves = dataclasses.replace(curves, losses=wobble(curves.losses, cfg.augment_prob,
+                                                               cfg.augment_sigma, cfg.augment_length, aug_rng))
         data = to_tensors(*raw_examples(curves, rows[order], n[order], k[order], cfg), self.stats)
-        return DataLoader(TensorDataset(*data), batch_size=self.cfg.batch_size, shuffle=False)
+        return DataLoader(TensorDataset(*data), batch_size=cfg.batch_size, shuffle=False)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=4 * self.cfg.batch_size, shuffle=False)

@@ -9,7 +9,7 @@ import torch
 
 from mara_fm.bank import load_bank, select
 from mara_fm.build_bank import BankConfig, ensure_bank
-from mara_fm.fm_data import Curves, fit_stats
+from mara_fm.fm_data import fit_stats
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.fm_predictor import FMPredictor
 from mara_fm.profile import PROJECT_ROOT, section_config
@@ -27,7 +27,7 @@ def untrained_fm(smoke_bank) -> FMPredictor:
     """An untrained but complete FM predictor: inference, artifacts and pooling do not depend on training."""
     cfg = PredictorConfig(stats_examples_per_curve=8)
     torch.manual_seed(0)
-    stats = fit_stats(Curves.of(select(load_bank(smoke_bank), "id", "train")), cfg)
+    stats = fit_stats(select(load_bank(smoke_bank), "id", "train"), cfg)
     return FMPredictor(FlowModel(cfg).eval(), cfg, stats)
 
 
