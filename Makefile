@@ -55,7 +55,8 @@ submit-scheduler: $(FM)/config.json
 		--beta $(BETA) --seed $(SEED) --bank $(BANK) --wait
 
 # Every method and trained variant (MARA, MARA-WLS, sparse per seed; train them first):
-# main table, stress scenario, load sweep. EXTRA=NAME=DIR,... adds more policies.
+# main table, stress scenario, load sweep. EXTRA=NAME[@SEED]=DIR,... adds more policies
+# (NAME@SEED enters them as more training seeds of a method, e.g. mara@1=...).
 evaluate: $(BANK)
 	$(MARA) evaluate-all --profile $(PROFILE) $(if $(EXTRA),--policies $(EXTRA))
 

@@ -38,10 +38,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                               episodes_per_root=args.episodes)
     available = builtin_methods(args.fm)
     names = list(dict.fromkeys(_csv(args.methods)))
-    for name, path in parse_policies(args.policies).items():
-        available[name] = learned(name, path)
-        if name not in names:  # naming it in --methods as well must not run it twice
-            names.append(name)
+    for (name, seed), path in parse_policies(args.policies).items():
+        key = name if seed is None else f"{name}@{seed}"
+        available[key] = learned(name, path, seed)
+        if key not in names:  # naming it in --methods as well must not run it twice
+            names.append(key)
     unknown = [m for m in names if m not in available]
     if unknown:
         raise ConfigError(f"unknown method(s) {unknown}; available: {sorted(available)}"
@@ -53,14 +54,19 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"results: {Path(args.out) / 'results.json'}")
 
 
-def parse_policies(text: str | None) -> dict[str, str]:
-    """`NAME=POLICY_DIR,...` → {name: dir}."""
+def parse_policies(text: str | None) -> dict[tuple[str, int | None], str]:
+    """`NAME[@SEED]=POLICY_DIR,...` → {(name, training seed or None): dir}.
+
+    The seed lets several training runs of one method enter the report as
+    that method's seeds (e.g. `mara@1=...,mara@2=...` beside the pipeline's seed 0).
+    """
     policies = {}
     for item in _csv(text or ""):
-        name, _, path = item.partition("=")
-        if not name or not path:
-            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR")
-        policies[name] = path
+        key, _, path = item.partition("=")
+        name, at, seed = key.partition("@")
+        if not name or not path or (at and not seed.isdigit()):
+            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR or NAME@SEED=POLICY_DIR")
+        policies[(name, int(seed) if at else None)] = path
     return policies
 
 
@@ -101,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="default")
     p.add_argument("--bank")
     p.add_argument("--fm", help="exported FM predictor (enables lara_fm)")
-    p.add_argument("--policies", help="learned methods as NAME=POLICY_DIR,... "
+    p.add_argument("--policies", help="learned methods as NAME[@SEED]=POLICY_DIR,... "
                    "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0/policy)")
     p.add_argument("--roots", type=int)
     p.add_argument("--episodes", type=int, help="episodes per evaluation root")

@@ -206,17 +206,18 @@ def reproduce(profile: str, cfg: PipelineConfig = PipelineConfig(), progress: bo
 
 
 def evaluate_all(profile: str, cfg: PipelineConfig = PipelineConfig(),
-                 extra: dict[str, Path] | None = None) -> None:
+                 extra: dict[tuple[str, int | None], Path] | None = None) -> None:
     """The evaluation stages of `reproduce` (main, stress, sweep), always rerun, for the
-    trained variants of every seed (which must exist) plus `extra` policies by name."""
+    trained variants of every seed (which must exist) plus `extra` policies by (name,
+    seed); an extra policy without a seed counts as seed 0, like a one-seed pipeline's."""
     paths = Paths(profile)
     policies = trained_policies(profile, paths)
     missing = [f"{name} (seed {seed}): {path}" for (name, seed), path in policies.items() if not path.exists()]
     if missing:
         raise FileNotFoundError("no trained policy for " + "; ".join(missing)
                                 + " — train it (`make train-scheduler`, see README) or run `make reproduce`")
-    for name, policy_dir in (extra or {}).items():
-        policies[(name, 0)] = Path(policy_dir) / "policy.json"
+    for (name, seed), policy_dir in (extra or {}).items():
+        policies[(name, 0 if seed is None else seed)] = Path(policy_dir) / "policy.json"
     for stage in evaluation_stages(profile, paths, cfg, policies):
         stage.run()
 
@@ -249,7 +250,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("evaluate-all", help="every method and trained variant: main table, "
                               "stress scenario, load sweep (the evaluation stages of reproduce)")
     p.add_argument("--profile", default="default")
-    p.add_argument("--policies", help="extra learned methods as NAME=POLICY_DIR,...")
+    p.add_argument("--policies", help="extra learned methods as NAME[@SEED]=POLICY_DIR,...")
     p.set_defaults(func=cmd_evaluate_all)
 
     p = subparsers.add_parser("report", help="Tables 2-4, load sweep and paired CIs from results")

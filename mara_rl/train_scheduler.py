@@ -29,6 +29,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
+from mara_fm.fm_predictor import torch_threads
 from mara_fm.profile import section_config
 from mara_fm.tracking import mlflow_run
 from mara_rl.mat_module import MATConfig, MATModule
@@ -302,8 +303,13 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
         raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
                          "use --fresh or another --out")
 
+    with torch_threads(cfg.torch_threads):
+        return _train_loop(cfg, env_cfg, out_dir, state, run_name)
+
+
+def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: dict[str, Any],
+                run_name: str | None) -> Path:
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.torch_threads)
     algo = build_algorithm(cfg, env_cfg)
     checkpoint = out_dir / "checkpoint"
     if state and checkpoint.exists():

@@ -53,3 +53,14 @@ def test_unknown_method_is_a_clear_error(smoke_bank, tmp_path, capsys):
         main(["evaluate", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", "magic",
               "--out", str(tmp_path), "--no-mlflow"])
     assert "unknown method(s) ['magic']" in capsys.readouterr().err
+
+
+def test_policies_flag_takes_an_optional_training_seed():
+    from mara_fm.profile import ConfigError
+    from mara_rl.cli import parse_policies
+
+    assert parse_policies("mara=a/policy, mara@2=b/policy,x@10=c") == {
+        ("mara", None): "a/policy", ("mara", 2): "b/policy", ("x", 10): "c"}
+    for bad in ("mara", "=dir", "mara@=dir", "mara@two=dir"):
+        with pytest.raises(ConfigError, match="NAME@SEED=POLICY_DIR"):
+            parse_policies(bad)
