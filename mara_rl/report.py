@@ -125,6 +125,11 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
 
     main = {col: scope_rows("default", cfg.main_load, sets) for col, sets in main_scopes.items()}
     table2 = {m: {col: main[col][m].summary() for col in main if m in main[col]} for m in methods}
+    # Methods trained with several seeds, seed by seed: is a difference larger than the seed spread?
+    seeds = {m: sorted({s for rows in main.values() if m in rows for s in rows[m].roots}, key=str) for m in methods}
+    table2_seeds = {m: {str(s): {col: float(np.mean(rows[m].roots[s])) for col, rows in main.items()
+                                 if m in rows and s in rows[m].roots} for s in seeds[m]}
+                    for m in methods if len(seeds[m]) > 1}
     diag_scope = main.get(MEAN) or next(iter(main.values()), {})
 
     stress_sets = sorted({r.task_set for r in records if r.scenario == "stress"})
@@ -143,6 +148,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
         "main_load": cfg.main_load,
         "bootstrap": asdict(cfg.bootstrap),
         "table2": {"columns": list(main), "rows": {m: c for m, c in table2.items() if c}},
+        "table2_seeds": table2_seeds,
         "table2_comparisons": {col: comparisons(rows) for col, rows in main.items()},
         "table3": {"task_sets": stress_sets, "rows": {m: s.summary() for m, s in stress.items()}},
         "table3_comparisons": comparisons(stress),
@@ -221,14 +227,17 @@ def comparison_section(by_column: dict[str, dict[str, dict]], reference: str) ->
     if not columns:
         return ""
     others = list(dict.fromkeys(m for c in columns for m in by_column[c]))
-    rows = [[m, *(interval(by_column[c][m]) if m in by_column[c] else "–" for c in columns)]
+    # Units are per pair of methods: a trained method meets the reference only on the seeds
+    # both have, an untrained one on every seed of the reference.
+    rows = [[m, *(interval(by_column[c][m]) if m in by_column[c] else "–" for c in columns),
+             "/".join(str(u) for u in dict.fromkeys(by_column[c][m]["units"] for c in columns
+                                                    if m in by_column[c]))]
             for m in others]
-    units = [f"{c} ({next(iter(by_column[c].values()))['units']} units)" for c in columns]
     unclear = [f"{m} ({c})" for c in columns for m, v in by_column[c].items() if not v["excludes_zero"]]
     plain = ("The 95% interval includes zero — no significant difference — for: " + ", ".join(unclear)
              if unclear else "Every 95% interval excludes zero.")
     return (f"\nPaired difference `{reference}` − other, percentage points, with the 95% "
-            f"bootstrap interval:\n\n{table(['other', *units], rows)}\n{plain}\n")
+            f"bootstrap interval:\n\n{table(['other', *columns, 'units'], rows)}\n{plain}\n")
 
 
 def diagnostic_cell(value: float | None, scale: float, digits: int) -> str:
@@ -262,6 +271,11 @@ def render(report: dict[str, Any], profile: str) -> str:
     out.append(table(["method", *t2["columns"]],
                      [[m, *(mean_pm_std(cells[c]) if c in cells else "–" for c in t2["columns"])]
                       for m, cells in t2["rows"].items()]))
+    if report["table2_seeds"]:
+        out.append("\nPer training seed (mean over roots), for methods trained with several seeds:\n\n")
+        out.append(table(["method", "seed", *t2["columns"]],
+                         [[m, seed, *(f"{100 * cells[c]:.2f}" if c in cells else "–" for c in t2["columns"])]
+                          for m, by_seed in report["table2_seeds"].items() for seed, cells in by_seed.items()]))
     if ref:
         out.append(comparison_section(report["table2_comparisons"], ref))
 

@@ -118,6 +118,12 @@ def test_seeds_are_units_and_std_is_over_seed_by_root(records: list[Record], wri
     assert report["table2"]["rows"]["mara"]["id"]["n"] == 4  # 2 seeds × 2 roots
     assert report["table2"]["rows"]["lara"]["id"]["n"] == 2
     assert report["table2_comparisons"]["id"]["lara"]["units"] == 4  # LARA repeated per seed
+    per_seed = report["table2_seeds"]["mara"]
+    assert set(per_seed) == {"0", "1"} and "lara" not in report["table2_seeds"]
+    overall = report["table2"]["rows"]["mara"]["id"]["mean"]
+    assert np.mean([per_seed[s]["id"] for s in per_seed]) == pytest.approx(overall)
+    md = (written / "report.md").read_text()
+    assert f"| mara | 1 | {100 * per_seed['1']['id']:.2f} |" in md
     ids = [r for r in records if r.method == "lara" and r.task_set in TASK_SETS and r.load == 0.04
            and r.scenario == "default"]
     per_root = np.mean([r.per_root for r in ids], axis=0)  # equal-weight mean of the task sets
