@@ -35,7 +35,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank))
     eval_cfg = section_config(EvalConfig, args.profile, "evaluation", roots=args.roots,
-                              episodes_per_root=args.episodes)
+                              episodes_per_root=args.episodes, split=args.split)
     available = builtin_methods(args.fm)
     names = list(dict.fromkeys(_csv(args.methods)))
     for (name, seed), path in parse_policies(args.policies).items():
@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-set", default="id", help="comma-separated: id,rl_ood,vit_ood")
     p.add_argument("--load", default="0.04", help="comma-separated arrival probabilities")
     p.add_argument("--scenario", choices=["default", "stress"], default="default")
+    p.add_argument("--split", choices=["test", "val"], help="episodes from test (default) or "
+                   "validation curves; choices made on results should use val")
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default="default")
     p.add_argument("--bank")

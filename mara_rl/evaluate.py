@@ -135,6 +135,7 @@ class Record:
     tasks_per_episode: float
     diagnostics: dict[str, float] = field(default_factory=dict)
     seed: int | None = None  # the method's training seed; per_episode is in the same order for all
+    split: str = "test"  # which curves the episodes came from ("val" for choices made on results)
 
 
 def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Episode]]) -> dict:
@@ -200,7 +201,7 @@ def _evaluate(methods: list[Method], task_sets: list[str], loads: list[float], b
             success_rate_std=float(np.std(root_means, ddof=1)) if len(root_means) > 1 else 0.0,
             per_root=root_means, per_episode=[x for r in out["per_root"] for x in r],
             tasks_per_episode=float(np.mean(out["tasks"])), diagnostics=out["diagnostics"],
-            seed=method.seed,
+            seed=method.seed, split=eval_cfg.split,
         ))
     return records
 
@@ -216,8 +217,9 @@ def markdown_table(records: list[Record]) -> str:
     for r in records:
         d = r.diagnostics
         method = r.method if r.seed is None else f"{r.method} (seed {r.seed})"
+        task_set = r.task_set if r.split == "test" else f"{r.task_set} ({r.split})"
         lines.append(
-            f"| {method} | {r.task_set} | {r.load:.2f} | {r.scenario} | "
+            f"| {method} | {task_set} | {r.load:.2f} | {r.scenario} | "
             f"{100 * r.success_rate_mean:.2f} ± {100 * r.success_rate_std:.2f} | "
             f"{r.tasks_per_episode:.2f} | {fmt(d, 'utilisation', 100, 1)} | "
             f"{fmt(d, 'full_queue_fraction', 100, 1)} | {fmt(d, 'waiting_population')} | "
@@ -235,8 +237,9 @@ def write_results(records: list[Record], out_dir: Path) -> None:
 def log_records(records: list[Record], out_dir: Path | None) -> None:
     """One MLflow run per record, with the same metric names, for the compare view."""
     for r in records:
-        tags = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario}
-        name = f"{r.method}-{r.task_set}-p{r.load:.2f}-{r.scenario}"
+        tags = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario,
+                "split": r.split}
+        name = f"{r.method}-{r.task_set}-p{r.load:.2f}-{r.scenario}" + ("" if r.split == "test" else f"-{r.split}")
         if r.seed is not None:
             tags["seed"] = r.seed
             name += f"-seed{r.seed}"

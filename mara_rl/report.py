@@ -108,6 +108,10 @@ def compare(ref: Scores, other: Scores, cfg: BootstrapConfig) -> dict[str, Any]:
 def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
           predictor_eval: list[dict] | None = None) -> dict[str, Any]:
     """Every number of the report, as plain JSON-ready values."""
+    splits = sorted({r.split for r in records})
+    if len(splits) > 1:
+        raise ValueError(f"results mix episodes of the splits {splits}: a report compares methods on "
+                         "one set of frozen episodes (keep validation results in another folder)")
     methods = method_names(records)
     reference, note = choose_reference(methods, cfg.reference)
     default = [r for r in records if r.scenario == "default"]

@@ -27,6 +27,16 @@ def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflo
     assert runs["metrics.success_rate_mean"].notna().all()
 
 
+def test_evaluate_cli_runs_on_validation_episodes(smoke_bank, tmp_path):
+    out = tmp_path / "val"
+    main(["evaluate", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", "edf,oracle",
+          "--split", "val", "--out", str(out), "--no-mlflow"])
+    records = json.loads((out / "results.json").read_text())
+    val_eps = load_episodes(next(EPISODE_DIR.glob(f"{smoke_bank.stem}-*/id-val-p0.040-root0.json")))
+    assert all(e.meta["split"] == "val" for e in val_eps)
+    assert len(records) == 2 and records[0]["success_rate_mean"] <= records[1]["success_rate_mean"] + 1e-12
+
+
 def test_frozen_episodes_reload_identically(smoke_bank, tmp_path):
     from mara_env.env import EnvConfig
     from mara_env.workload import save_episodes

@@ -7,6 +7,7 @@ EDF, gives a method-against-itself comparison; "idle" never serves a node.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -129,6 +130,12 @@ def test_seeds_are_units_and_std_is_over_seed_by_root(records: list[Record], wri
     per_root = np.mean([r.per_root for r in ids], axis=0)  # equal-weight mean of the task sets
     assert report["table2"]["rows"]["lara"][MEAN]["mean"] == pytest.approx(mean_std(per_root)[0])
     assert report["table2"]["rows"]["lara"][MEAN]["std"] == pytest.approx(np.std(per_root, ddof=1))
+
+
+def test_mixing_validation_and_test_results_is_refused(records: list[Record]) -> None:
+    val = [dataclasses.replace(r, split="val") for r in records[:3]]
+    with pytest.raises(ValueError, match="mix episodes of the splits"):
+        build(records + val)
 
 
 def test_a_method_against_itself_is_exactly_zero(written: Path) -> None:
