@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import concatenate, iterate
 
-from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.env import SUCCEEDED, EnvConfig, MultiNodeEnv
 from mara_env.workload import Episode
 from mara_fm.predictors import Predictor, make_predictor
 
@@ -85,7 +85,8 @@ def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: Batch
     """Play `episodes` side by side: each step, one `decide` call on the stacked
     observations (B, ...) of the running envs, and one predictor call for all.
 
-    Returns, per episode, the env's end-of-episode summary plus `shaped_return`.
+    Returns, per episode, the env's end-of-episode summary plus `shaped_return` and
+    `succeeded` (one flag per task, in the episode's arrival order).
     """
     shared = replace(config, predictor=make_predictor(config.predictor))
     envs = [MultiNodeEnv(shared) for _ in episodes]
@@ -100,7 +101,7 @@ def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: Batch
             reward, done, info = envs[i].advance(action)
             returns[i] += reward
             if done:
-                results[i] = {**info, "shaped_return": returns[i]}
+                results[i] = {**info, "shaped_return": returns[i], "succeeded": envs[i].status == SUCCEEDED}
         answer_queries([envs[i] for i in live], shared.predictor)
         live = [i for i in live if results[i] is None]
         for i in live:

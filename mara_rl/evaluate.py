@@ -29,12 +29,27 @@ from mara_env.workload import (
     sample_episode,
     save_episodes,
     stress_episode,
+    true_demand,
 )
+from mara_fm.bank import CurveSet
 from mara_fm.profile import PROJECT_ROOT
 from mara_fm.tracking import mlflow_run
 
 EPISODE_DIR = PROJECT_ROOT / "data" / "episodes"
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
+# Slack of a task = its window minus the batches it truly needs; feasible tasks have slack ≥ 0.
+# Completion per slack band shows where methods differ: every method finishes the roomy
+# tasks, and the bound (the Oracle completes every feasible task) caps what is left.
+SLACK_EDGES = (0, 30, 60, 120)  # bands [0, 30), [30, 60), [60, 120), [120, ∞)
+
+
+def slack_bands(edges: tuple[int, ...] = SLACK_EDGES) -> list[tuple[str, int, float]]:
+    """(diagnostic key, low, high) of each slack band."""
+    highs = [*edges[1:], math.inf]
+    return [(f"completed_slack_{lo}_{'up' if hi == math.inf else hi}", lo, hi) for lo, hi in zip(edges, highs, strict=True)]
+
+
+COMPLETION = tuple(key for key, _, _ in slack_bands())
 
 
 @dataclass(frozen=True)
@@ -150,15 +165,31 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
             tasks += [len(e) for e in root_eps]
         return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
     cfg = EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor, "strict": True})
-    outs = replay_in_lockstep(cfg, [ep for root_eps in episodes for ep in root_eps], method.make())
+    flat = [ep for root_eps in episodes for ep in root_eps]
+    outs = replay_in_lockstep(cfg, flat, method.make())
+    completion = completion_by_slack(flat, [out["succeeded"] for out in outs],
+                                     load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split))
     for root_eps in episodes:
         root_outs, outs = outs[:len(root_eps)], outs[len(root_eps):]
         per_root.append([out["success_rate"] for out in root_outs])
         tasks += [out["episode_tasks"] for out in root_outs]
         for k in DIAGNOSTICS:
             diag[k] += [out[k] for out in root_outs]
-    return {"per_root": per_root, "tasks": tasks,
-            "diagnostics": {k: float(np.nanmean(v)) if len(v) else math.nan for k, v in diag.items()}}
+    means = {k: float(np.nanmean(v)) if len(v) else math.nan for k, v in diag.items()}
+    return {"per_root": per_root, "tasks": tasks, "diagnostics": {**means, **completion}}
+
+
+def completion_by_slack(episodes: list[Episode], succeeded: list[np.ndarray], curves: CurveSet) -> dict[str, float]:
+    """Share of the feasible tasks in each slack band that succeeded (NaN for an empty band)."""
+    slack = np.concatenate([(e.deadline - e.arrival) - true_demand(e, curves) for e in episodes])
+    done = np.concatenate(succeeded)
+    if np.any(done & (slack < 0)):
+        raise AssertionError("a task beyond its own dedicated-node bound succeeded")
+    out = {}
+    for key, lo, hi in slack_bands():
+        band = (slack >= lo) & (slack < hi)
+        out[key] = float(done[band].mean()) if band.any() else math.nan
+    return out
 
 
 def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mara_rl.evaluate import DIAGNOSTICS, Record, builtin_methods
+from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, Record, builtin_methods, slack_bands
 from mara_rl.stats import BootstrapConfig, align_seeds, mean_std, paired_bootstrap
 
 REPORT_JSON, REPORT_MD = "report.json", "report.md"
@@ -80,7 +80,8 @@ def scores(records: list[Record], method: str, scenario: str, load: float,
         by_seed.setdefault(r.seed, {})[r.task_set] = r
     if not by_seed or any(set(sets) != set(task_sets) for sets in by_seed.values()):
         return None
-    diag = {k: np.array([r.diagnostics.get(k, math.nan) for r in chosen], float) for k in DIAGNOSTICS}
+    diag = {k: np.array([r.diagnostics.get(k, math.nan) for r in chosen], float)
+            for k in (*DIAGNOSTICS, *COMPLETION)}
     return Scores(
         episodes={s: np.mean([sets[t].per_episode for t in task_sets], axis=0) for s, sets in by_seed.items()},
         roots={s: np.mean([sets[t].per_root for t in task_sets], axis=0) for s, sets in by_seed.items()},
@@ -320,6 +321,12 @@ def render(report: dict[str, Any], profile: str) -> str:
                        diagnostic_cell(d["full_queue_fraction"], 100, 1),
                        diagnostic_cell(d["waiting_population"], 1, 2),
                        diagnostic_cell(d["readiness_steps"], 1, 1)] for m, d in report["table4"].items()]))
+    bands = slack_bands()
+    out.append("\nFeasible tasks completed (%) by slack = window − batches the task truly needs "
+               "(the Oracle bound completes them all):\n\n")
+    out.append(table(["method", *(f"slack ≥ {lo}" if hi == math.inf else f"slack {lo}–{hi}" for _, lo, hi in bands)],
+                     [[m, *(diagnostic_cell(d.get(key), 100, 1) for key, _, _ in bands)]
+                      for m, d in report["table4"].items() if m != "oracle"]))
 
     if any(report[k] for k in ("table2_comparisons", "table3_comparisons", "load_sweep_comparisons")):
         out.append(f"\n![paired differences]({COMPARISON_PNG})\n")

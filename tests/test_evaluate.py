@@ -1,11 +1,21 @@
 import json
 
 import mlflow
+import numpy as np
 import pytest
 
-from mara_env.workload import load_episodes
-from mara_rl.cli import main
-from mara_rl.evaluate import EPISODE_DIR
+from mara_env.env import EnvConfig, load_curves
+from mara_env.workload import load_episodes, true_demand
+from mara_fm.profile import ConfigError
+from mara_rl.cli import main, parse_policies
+from mara_rl.evaluate import (
+    EPISODE_DIR,
+    builtin_methods,
+    completion_by_slack,
+    evaluate_method,
+    frozen_episodes,
+    slack_bands,
+)
 
 
 def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflow_store):
@@ -38,9 +48,7 @@ def test_evaluate_cli_runs_on_validation_episodes(smoke_bank, tmp_path):
 
 
 def test_frozen_episodes_reload_identically(smoke_bank, tmp_path):
-    from mara_env.env import EnvConfig
     from mara_env.workload import save_episodes
-    from mara_rl.evaluate import frozen_episodes
 
     cfg = EnvConfig()
     first = frozen_episodes(smoke_bank, "id", "test", 0.04, 0, 2, cfg.horizon, cfg.workload)
@@ -66,11 +74,34 @@ def test_unknown_method_is_a_clear_error(smoke_bank, tmp_path, capsys):
 
 
 def test_policies_flag_takes_an_optional_training_seed():
-    from mara_fm.profile import ConfigError
-    from mara_rl.cli import parse_policies
 
     assert parse_policies("mara=a/policy, mara@2=b/policy,x@10=c") == {
         ("mara", None): "a/policy", ("mara", 2): "b/policy", ("x", 10): "c"}
     for bad in ("mara", "=dir", "mara@=dir", "mara@two=dir"):
         with pytest.raises(ConfigError, match="NAME@SEED=POLICY_DIR"):
             parse_policies(bad)
+
+
+def test_completion_by_slack_accounts_for_every_success(smoke_bank):
+    cfg = EnvConfig(bank=str(smoke_bank), split="test")
+    episodes = frozen_episodes(smoke_bank, "id", "test", 0.04, 0, 3, cfg.horizon, cfg.workload)
+    out = evaluate_method(builtin_methods()["edf"], cfg, [episodes])
+    curves = load_curves(smoke_bank, "id", "test")
+    slack = np.concatenate([(e.deadline - e.arrival) - true_demand(e, curves) for e in episodes])
+    successes = sum(rate * len(e) for rate, e in zip(out["per_root"][0], episodes, strict=True))
+    counted = 0.0
+    for key, lo, hi in slack_bands():
+        share, n = out["diagnostics"][key], int(((slack >= lo) & (slack < hi)).sum())
+        assert (n == 0 and np.isnan(share)) or 0.0 <= share <= 1.0
+        counted += share * n if n else 0.0
+    assert counted == pytest.approx(successes)  # every success is a feasible task in exactly one band
+    assert successes > 0
+
+    flags = [np.zeros(len(e), bool) for e in episodes]
+    infeasible = np.flatnonzero(slack < 0)
+    assert len(infeasible), "the smoke workload has infeasible tasks"
+    sizes = np.cumsum([0, *map(len, episodes)])
+    ep = int(np.searchsorted(sizes, infeasible[0], side="right") - 1)
+    flags[ep][infeasible[0] - sizes[ep]] = True
+    with pytest.raises(AssertionError, match="beyond its own dedicated-node bound"):
+        completion_by_slack(episodes, flags, curves)

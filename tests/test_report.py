@@ -24,6 +24,7 @@ from mara_rl.evaluate import (
     builtin_methods,
     classic,
     evaluate,
+    slack_bands,
     write_results,
 )
 from mara_rl.pipeline import Stage, run_stages
@@ -112,6 +113,10 @@ def test_markdown_numbers_come_from_the_json(written: Path) -> None:
     assert md_row(md, "lara", "## Table 4") == (
         f"| lara | {100 * d['utilisation']:.1f} | {100 * d['full_queue_fraction']:.1f} | "
         f"{d['waiting_population']:.2f} | {d['readiness_steps']:.1f} |")
+    bands = [d[key] for key, _, _ in slack_bands()]
+    assert any(v is not None for v in bands)
+    assert md_row(md, "lara", "Feasible tasks completed") == "| lara | " + " | ".join(
+        "–" if v is None else f"{100 * v:.1f}" for v in bands) + " |"
 
 
 def test_seeds_are_units_and_std_is_over_seed_by_root(records: list[Record], written: Path) -> None:
