@@ -28,8 +28,8 @@ from mara_env.workload import (
     oracle_successes,
     sample_episode,
     save_episodes,
+    slack,
     stress_episode,
-    true_demand,
 )
 from mara_fm.bank import CurveSet
 from mara_fm.profile import PROJECT_ROOT
@@ -43,10 +43,11 @@ DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "read
 SLACK_EDGES = (0, 30, 60, 120)  # bands [0, 30), [30, 60), [60, 120), [120, ∞)
 
 
-def slack_bands(edges: tuple[int, ...] = SLACK_EDGES) -> list[tuple[str, int, float]]:
-    """(diagnostic key, low, high) of each slack band."""
-    highs = [*edges[1:], math.inf]
-    return [(f"completed_slack_{lo}_{'up' if hi == math.inf else hi}", lo, hi) for lo, hi in zip(edges, highs, strict=True)]
+def slack_bands() -> list[tuple[str, int, float]]:
+    """(diagnostic key, low, high) of each slack band of `SLACK_EDGES`."""
+    highs = [*SLACK_EDGES[1:], math.inf]
+    return [(f"completed_slack_{lo}_{'up' if hi == math.inf else hi}", lo, hi)
+            for lo, hi in zip(SLACK_EDGES, highs, strict=True)]
 
 
 COMPLETION = tuple(key for key, _, _ in slack_bands())
@@ -181,13 +182,13 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
 
 def completion_by_slack(episodes: list[Episode], succeeded: list[np.ndarray], curves: CurveSet) -> dict[str, float]:
     """Share of the feasible tasks in each slack band that succeeded (NaN for an empty band)."""
-    slack = np.concatenate([(e.deadline - e.arrival) - true_demand(e, curves) for e in episodes])
+    spare = np.concatenate([slack(e, curves) for e in episodes])
     done = np.concatenate(succeeded)
-    if np.any(done & (slack < 0)):
+    if np.any(done & (spare < 0)):
         raise AssertionError("a task beyond its own dedicated-node bound succeeded")
     out = {}
     for key, lo, hi in slack_bands():
-        band = (slack >= lo) & (slack < hi)
+        band = (spare >= lo) & (spare < hi)
         out[key] = float(done[band].mean()) if band.any() else math.nan
     return out
 

@@ -74,7 +74,6 @@ def test_unknown_method_is_a_clear_error(smoke_bank, tmp_path, capsys):
 
 
 def test_policies_flag_takes_an_optional_training_seed():
-
     assert parse_policies("mara=a/policy, mara@2=b/policy,x@10=c") == {
         ("mara", None): "a/policy", ("mara", 2): "b/policy", ("x", 10): "c"}
     for bad in ("mara", "=dir", "mara@=dir", "mara@two=dir"):
