@@ -5,7 +5,8 @@ There are ~cap²/2 per curve, so none are stored: every epoch draws fresh
 (n, k) pairs per curve from a generator seeded by (seed, epoch), which also
 makes a resumed run see the same data it would have seen. Validation uses a
 fixed draw on ID val curves, with fixed noise, so its FM loss is comparable
-across epochs. The split is by curve (the bank's `split` column).
+across epochs. The split is by curve (the bank's `split` column), or by family
+when `PredictorConfig.heldout_families` is set (`split_curves`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import pandas as pd
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -48,6 +50,28 @@ def wobble(losses: np.ndarray, share: float, sigma: float, length: float,
         z[:, t] = rho * z[:, t - 1] + np.sqrt(1.0 - rho * rho) * noise[:, t]
     chosen = rng.random(n) < share
     return np.where(chosen[:, None], losses * np.exp(sigma * z), losses)
+
+
+def split_curves(frame: pd.DataFrame, heldout: tuple[str, ...] = ()) -> tuple[CurveSet, CurveSet]:
+    """(train, val) ID curves: by the bank's split, or with `heldout` families as val.
+
+    Held-out families give up their train and val curves to validation (their
+    test curves stay untouched) and the other families' val curves go unused.
+    """
+    ids = frame[frame["task_set"] == "id"]
+    if not heldout:
+        return select(ids, "id", "train"), select(ids, "id", "val")
+    families = set(ids["family"])
+    unknown = sorted(set(heldout) - families)
+    if unknown:
+        raise ValueError(f"heldout_families {unknown} are not ID families of the bank (it has {sorted(families)})")
+    if families <= set(heldout):
+        raise ValueError(f"heldout_families {sorted(heldout)} leave no ID family to train on")
+    held = ids["family"].isin(heldout)
+    split = ids["split"].where(~held | (ids["split"] == "test"), "val")
+    split = split.where(held | (split != "val"), "unused")
+    relabelled = ids.assign(split=split)
+    return select(relabelled, "id", "train"), select(relabelled, "id", "val")
 
 
 def sample_examples(n_curves: int, cap: int, per_curve: int, cfg: PredictorConfig,
@@ -99,7 +123,7 @@ def to_tensors(points: np.ndarray, counts: np.ndarray, static: np.ndarray, y: np
 
 
 class FMDataModule(L.LightningDataModule):
-    """ID train curves for training, ID val curves for the val FM loss and capped MAE."""
+    """ID train curves for training, ID val curves (or held-out families) for the val FM loss and capped MAE."""
 
     def __init__(self, cfg: PredictorConfig, bank_path: str | Path,
                  query_cfg: QueryConfig | None = None) -> None:
@@ -114,7 +138,7 @@ class FMDataModule(L.LightningDataModule):
             return
         cfg = self.cfg
         frame = load_bank(self.bank_path)
-        train, val = select(frame, "id", "train"), select(frame, "id", "val")
+        train, val = split_curves(frame, cfg.heldout_families)
         self.train = train
         self.stats = fit_stats(self.train, cfg)
         rng = np.random.default_rng([cfg.seed, 2])

@@ -51,6 +51,11 @@ class PredictorConfig:
     augment_prob: float = 0.0
     augment_sigma: float = 0.5
     augment_length: float = 30.0
+    # Family-held-out validation, for choosing capacity and training length: these ID
+    # families' train and val curves become the validation set and leave training, so
+    # val MAE measures forecasts for families the network never saw (what RL OOD and ViT
+    # OOD ask of it). Empty (the default) = validate on ID val curves of every family.
+    heldout_families: tuple[str, ...] = ()
     # optimisation (fm_lightning.py)
     batch_size: int = 256
     lr: float = 2e-3
@@ -66,6 +71,10 @@ class PredictorConfig:
     sampling_tolerance: float = 0.02  # take the cheapest setting within 2% of the best val MAE
 
     def __post_init__(self) -> None:
+        if isinstance(self.heldout_families, str):
+            raise ValueError("PredictorConfig.heldout_families must be a list of family names, "
+                             f"got the string {self.heldout_families!r}")
+        object.__setattr__(self, "heldout_families", tuple(self.heldout_families))
         if not 0.0 <= self.augment_prob <= 1.0:
             raise ValueError(f"PredictorConfig.augment_prob must be in [0, 1], got {self.augment_prob}")
         if self.augment_sigma < 0 or self.augment_length <= 0:

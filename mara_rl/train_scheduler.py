@@ -6,6 +6,14 @@ checkpointed into the output folder, and a rerun with the same folder
 resumes where it stopped (same MLflow run). The trained policy is exported
 as a plain state dict plus a JSON description, so evaluation can load it
 with `load_policy` and act with `act` without building an Algorithm.
+
+Which policy is exported (`SchedulerConfig.export_best`): the last, or the
+best of the periodic validations, where "best" means the highest ID-val
+success rate among the evaluations that complete every feasible task of a
+validation stress episode (DESIGN §8's pattern on val curves), or among all
+evaluations if none does. Whether PPO keeps the stress lesson until the last
+iteration depends on the seed; a validation that checks it keeps a policy
+that learned it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
+from mara_env.workload import oracle_successes, stress_episode
 from mara_fm.fm_predictor import torch_threads
 from mara_fm.profile import section_config
 from mara_fm.tracking import mlflow_run
@@ -88,6 +97,7 @@ class SchedulerConfig:
     eval_every: int = 5
     eval_episodes: int = 8
     eval_seed: int = 1_000_000
+    export_best: bool = True  # export the best validated policy, not the last (module docstring)
 
     def mat_config(self) -> MATConfig:
         return MATConfig(self.embed_dim, self.n_heads, self.n_blocks, self.ff_dim, self.work_conserving)
@@ -193,17 +203,31 @@ def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: int) -> dict[str, float]:
-    """Greedy rollouts on seeded validation episodes, stepped in lockstep for batched inference."""
+    """Greedy rollouts on seeded validation episodes plus one validation stress episode,
+    stepped in lockstep for batched inference.
+
+    `stress_complete` is 1 when the policy finishes every feasible task of the stress
+    episode (the Oracle bound), else 0.
+    """
     base = dataclasses.replace(env_cfg, split="val", burst_prob=0.0)
     sampler = MultiNodeEnv(dataclasses.replace(base, predictor="wls"))  # sampling ignores the predictor
     val_episodes = []
     for i in range(episodes):
         sampler.reset(seed=seed + i)
         val_episodes.append(sampler.episode)
-    finals = replay_in_lockstep(base, val_episodes, lambda obs, envs: act(module, obs))
+    stress = stress_episode(sampler.curves, base.horizon, seed=seed)
+    *finals, stress_final = replay_in_lockstep(base, [*val_episodes, stress], lambda obs, envs: act(module, obs))
+    bound = oracle_successes(stress, sampler.curves)
     return {"success_rate": float(np.mean([f["success_rate"] for f in finals])),
             "shaped_return": float(np.mean([f["shaped_return"] for f in finals])),
-            "invalid_actions": float(sum(f["episode_invalid_actions"] for f in finals))}
+            "invalid_actions": float(sum(f["episode_invalid_actions"] for f in finals)),
+            "stress_successes": float(stress_final["episode_successes"]),
+            "stress_complete": float(stress_final["episode_successes"] >= bound)}
+
+
+def selection_key(scores: dict[str, float]) -> tuple[float, float]:
+    """Order of validated policies for `export_best`: stress-complete first, then success rate."""
+    return scores["stress_complete"], scores["success_rate"]
 
 
 # ---------------------------------------------------------------- training
@@ -336,17 +360,29 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             metrics = iteration_metrics(result, seconds, steps - steps_before)
             steps_before = steps
             it = algo.iteration
+            best = state.get("best")
             if cfg.eval_every > 0 and (it % cfg.eval_every == 0 or it == cfg.iterations):
                 scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
                 metrics.update({f"val_{k}": v for k, v in scores.items()})
+                if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
+                    best = {**scores, "iteration": it}
+                    export_policy(evaluator, out_dir / "best_policy", str(env_cfg.predictor))
             mlflow.log_metrics(metrics, step=it)
             _save_checkpoint(algo, out_dir)
             state = {"iteration": it, "env_steps": steps, "mlflow_run_id": run.info.run_id,
-                     "config": _comparable(cfg, env_cfg)}
+                     "config": _comparable(cfg, env_cfg), "best": best}
             _state_path(out_dir).write_text(json.dumps(state, indent=1))
             print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
                   flush=True)
-        policy = export_policy(sync_evaluator(), out_dir / "policy", str(env_cfg.predictor))
+        policy = out_dir / "policy"
+        best = state.get("best")
+        if best is not None:
+            shutil.rmtree(policy, ignore_errors=True)
+            shutil.copytree(out_dir / "best_policy", policy)
+            mlflow.set_tags({"exported_iteration": best["iteration"]})
+            mlflow.log_metrics({f"exported_val_{k}": v for k, v in best.items() if k != "iteration"})
+        else:
+            export_policy(sync_evaluator(), policy, str(env_cfg.predictor))
         mlflow.log_artifacts(str(policy), artifact_path="policy")
     algo.stop()
     return policy

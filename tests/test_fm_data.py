@@ -1,4 +1,4 @@
-"""The FM training data: the wobble augmentation and its switch."""
+"""The FM training data: family-held-out validation, the wobble augmentation and its switch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mara_fm.bank import load_bank, select
-from mara_fm.fm_data import FMDataModule, wobble
+from mara_fm.fm_data import FMDataModule, split_curves, wobble
 from mara_fm.fm_model import PredictorConfig
 
 
@@ -54,3 +54,31 @@ def test_augmentation_changes_training_targets_only_when_on(smoke_bank):
 def test_bad_augmentation_settings_are_refused(bad):
     with pytest.raises(ValueError, match="augment"):
         PredictorConfig(**bad)
+
+
+def test_heldout_families_move_from_training_to_validation(smoke_bank):
+    frame = load_bank(smoke_bank)
+    train, val = split_curves(frame)
+    families = train.family_names()
+    held = (families[0],)
+    h_train, h_val = split_curves(frame, held)
+    assert held[0] not in h_train.family_names()
+    assert h_val.family_names() == [held[0]]
+    # Its train and val curves validate; the other families keep exactly their train curves.
+    own = frame[(frame["family"] == held[0]) & frame["split"].isin(["train", "val"])]
+    assert sorted(h_val.ids) == sorted(own["curve_id"])
+    assert sorted(h_train.ids) == sorted(i for i, f in zip(train.ids, train.families, strict=True) if f != held[0])
+    data = FMDataModule(PredictorConfig(examples_per_curve=4, heldout_families=held), smoke_bank)
+    data.setup()
+    assert sorted(data.train.ids) == sorted(h_train.ids)
+    assert len(data.val_queries) > 0 and data.val_queries.curve.max() < len(h_val)
+
+
+@pytest.mark.parametrize("bad, message", [(("no_such_family",), "not ID families"), (None, "no ID family to train")])
+def test_bad_heldout_families_are_refused(smoke_bank, bad, message):
+    frame = load_bank(smoke_bank)
+    held = tuple(sorted(set(frame.loc[frame["task_set"] == "id", "family"]))) if bad is None else bad
+    with pytest.raises(ValueError, match=message):
+        split_curves(frame, held)
+    with pytest.raises(ValueError, match="list of family names"):
+        PredictorConfig(heldout_families="mlp_wine")

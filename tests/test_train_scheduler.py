@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from mara_rl.train_scheduler import (
     SchedulerConfig,
     act,
     load_policy,
+    selection_key,
     train,
 )
 
@@ -49,9 +51,17 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     client = mlflow.MlflowClient(mlflow_store)
     (run,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
     for key in ("success_rate", "shaped_return", "policy_loss", "vf_loss", "entropy",
-                "env_steps_per_s", "val_success_rate"):
+                "env_steps_per_s", "val_success_rate", "val_stress_complete"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
     assert run.data.params["scheduler.gamma"] == "1.0"
+    # The exported policy is the best validated one: it has that evaluation's scores.
+    best = json.loads((out / "state.json").read_text())["best"]
+    stress, success = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+                       for key in ("val_stress_complete", "val_success_rate"))
+    vals = {step: (stress[step], success[step]) for step in stress}
+    assert vals[best["iteration"]] == (best["stress_complete"], best["success_rate"])
+    assert selection_key(best) == max(vals.values())
+    assert (policy / "policy.pt").read_bytes() == (out / "best_policy" / "policy.pt").read_bytes()
 
     # Resume: the same run folder continues to the new total, in the same MLflow run.
     train(dataclasses.replace(cfg, iterations=3), env_cfg, out)
