@@ -11,8 +11,11 @@ since the final predictor is trained to completion on all eight families.
 
 Rule, fixed before any candidate was trained: the lowest held-out MAE wins;
 among the candidates within 2% of it, the one with the fewest parameters,
-then the fewest epochs. No OOD set is read here: the winner is scored once
-with `mara eval-predictor` after it is retrained on every ID family.
+then the fewest epochs; a winner on the edge of the grid extends the grid one
+step past that edge (the first grid, default and small networks × 25, 50 and
+100 epochs, picked small × 25, so tiny networks and 12 epochs were added). No
+OOD set is read here: the winner is scored once with `mara eval-predictor`
+after it is retrained on every ID family.
 
     python experiments/select_predictor.py --work /tmp/hsel --out reports/default/selection
 """
@@ -32,10 +35,11 @@ from mara_fm.train_predictor import train_predictor
 # Held out: the two ID families whose cumulative averages rise most often (README,
 # stage one), the property that sets the DQN TD losses apart from every ID family.
 HELDOUT = ("mlp_diabetes", "logreg_cancer")
-SMALL = {"gru_hidden": 16, "context_dim": 24, "width": 32}
-DEFAULT = {"gru_hidden": 32, "context_dim": 48, "width": 64}
+NETWORKS = {"default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
+            "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
+            "tiny": {"gru_hidden": 8, "context_dim": 12, "width": 16}}
 CANDIDATES = {f"{size[0]}{epochs}": {**net, "max_epochs": epochs}
-              for size, net in (("default", DEFAULT), ("small", SMALL)) for epochs in (25, 50, 100)}
+              for size, net in NETWORKS.items() for epochs in (12, 25, 50, 100)}
 TOLERANCE = 0.02
 
 

@@ -30,11 +30,13 @@ class PredictorConfig:
     max_points: int = 12  # GRU steps at most (history thinning, see targets.py)
     recent_points: int = 6  # latest points always kept
     # network
-    # Small on purpose: a simulator step may refresh 7 prefixes, and per-op overhead,
-    # not arithmetic, sets the cost of a call at that size.
-    gru_hidden: int = 32
-    context_dim: int = 48
-    width: int = 64  # velocity MLP
+    # Chosen by family-held-out validation (experiments/select_predictor.py): larger
+    # networks fit the ID families closer and forecast unseen families worse. Small
+    # also suits the simulator: a step may refresh 7 prefixes, and per-op overhead,
+    # not arithmetic, sets the cost of a call at this size.
+    gru_hidden: int = 16
+    context_dim: int = 24
+    width: int = 32  # velocity MLP
     depth: int = 1  # hidden layers of the velocity MLP after the input layer
     time_dim: int = 32
     # training examples (fm_data.py)
