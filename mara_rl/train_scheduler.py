@@ -39,6 +39,7 @@ from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
 from mara_env.workload import oracle_successes, stress_episode
 from mara_fm.fm_predictor import torch_threads
+from mara_fm.predictors import predictor_digest
 from mara_fm.profile import section_config
 from mara_fm.tracking import mlflow_run
 from mara_rl.mat_module import MATConfig, MATModule
@@ -159,10 +160,11 @@ def module_spec(env_cfg: EnvConfig, mat: MATConfig) -> RLModuleSpec:
 
 # ---------------------------------------------------------------- policy export / use
 def export_policy(module: MATModule, path: Path, predictor: str) -> Path:
-    """Weights + sizes + the predictor it was trained with; loads without an Algorithm."""
+    """Weights + sizes + the predictor it was trained with (spec and content digest);
+    loads without an Algorithm."""
     path.mkdir(parents=True, exist_ok=True)
     spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg),
-            "predictor": predictor}
+            "predictor": predictor, "predictor_digest": predictor_digest(predictor)}
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
@@ -184,11 +186,20 @@ def load_policy(path: str | Path) -> MATModule:
 
 
 def policy_predictor(path: str | Path) -> str:
-    """The predictor spec an exported policy was trained with (the env must run the same)."""
+    """The predictor spec an exported policy was trained with (the env must run the same).
+
+    Raises if the predictor's files have changed since (policies exported before
+    digests were recorded are not checked).
+    """
     spec_path = Path(path) / POLICY_SPEC
     if not spec_path.exists():
         raise FileNotFoundError(f"{spec_path}: exported policy file missing")
-    return json.loads(spec_path.read_text())["predictor"]
+    spec = json.loads(spec_path.read_text())
+    predictor, trained_with = spec["predictor"], spec.get("predictor_digest")
+    if trained_with is not None and predictor_digest(predictor) != trained_with:
+        raise ValueError(f"{path}: the predictor {predictor} has changed since this policy was trained "
+                         "(its files no longer match); retrain the policy or restore that predictor")
+    return predictor
 
 
 def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -323,6 +334,9 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
     out_dir.mkdir(parents=True, exist_ok=True)
     state = json.loads(_state_path(out_dir).read_text()) if _state_path(out_dir).exists() else {}
     changed = _config_changes(state["config"], _comparable(cfg, env_cfg)) if state else []
+    digest = predictor_digest(env_cfg.predictor)
+    if state.get("predictor_digest", digest) != digest:
+        changed.append(f"the files of predictor {env_cfg.predictor}")
     if changed:
         raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
                          "use --fresh or another --out")
@@ -344,6 +358,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         evaluator.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
         return evaluator
 
+    digest = predictor_digest(env_cfg.predictor)
     tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir}
     with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
         import mlflow
@@ -370,7 +385,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             mlflow.log_metrics(metrics, step=it)
             _save_checkpoint(algo, out_dir)
             state = {"iteration": it, "env_steps": steps, "mlflow_run_id": run.info.run_id,
-                     "config": _comparable(cfg, env_cfg), "best": best}
+                     "config": _comparable(cfg, env_cfg), "best": best, "predictor_digest": digest}
             _state_path(out_dir).write_text(json.dumps(state, indent=1))
             print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
                   flush=True)

@@ -15,12 +15,16 @@ import pytest
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_fm.profile import section_config
 from mara_rl.evaluate import EvalConfig, evaluate, learned
+from mara_rl.mat_module import MATConfig
 from mara_rl.scheduler_commands import add_train_arguments, train_argv
 from mara_rl.train_scheduler import (
     EXPERIMENT,
     SchedulerConfig,
     act,
+    export_policy,
     load_policy,
+    module_spec,
+    policy_predictor,
     selection_key,
     train,
 )
@@ -70,6 +74,13 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
     with pytest.raises(ValueError, match="different config"):
         train(dataclasses.replace(cfg, iterations=4, lr=1e-3), env_cfg, out)
+    # A predictor whose files changed since the run began (retrained in place) is refused too.
+    state_file = out / "state.json"
+    stored = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**stored, "predictor_digest": "0" * 16}))
+    with pytest.raises(ValueError, match="files of predictor"):
+        train(dataclasses.replace(cfg, iterations=4), env_cfg, out)
+    state_file.write_text(json.dumps(stored))
 
     module = load_policy(policy)
     env = MultiNodeEnv(dataclasses.replace(env_cfg, split="test", strict=True))
@@ -100,3 +111,15 @@ def test_submit_forwards_absolute_paths() -> None:
     assert argv[:2] == ["--profile", "smoke"] and "--fresh" in argv
     assert Path(argv[argv.index("--bank") + 1]).is_absolute()
     assert argv[argv.index("--beta") + 1] == "0.0"
+
+
+def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_path: Path) -> None:
+    fm_dir = untrained_fm.export(tmp_path / "fm")
+    spec = f"fm:{fm_dir}"
+    env_cfg = EnvConfig(predictor=spec)
+    policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", spec)
+    assert policy_predictor(policy) == spec
+    config = fm_dir / "config.json"
+    config.write_text(config.read_text() + "\n")  # any change to the predictor's files
+    with pytest.raises(ValueError, match="has changed since this policy was trained"):
+        policy_predictor(policy)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from mara_fm.predictors.base import WARMUP_POINTS, HistoryBatch, Predictor
 from mara_fm.predictors.oracle import OraclePredictor, first_crossing
 from mara_fm.predictors.wls import WLSPredictor
 
 __all__ = [
     "WARMUP_POINTS", "HistoryBatch", "Predictor", "OraclePredictor", "WLSPredictor",
-    "first_crossing", "make_predictor",
+    "first_crossing", "make_predictor", "predictor_digest",
 ]
 
 
@@ -25,3 +28,21 @@ def make_predictor(spec: str | Predictor) -> Predictor:
 
         return FMPredictor.load(spec[3:])
     raise ValueError(f"unknown predictor {spec!r}: use 'wls', 'oracle' or 'fm:<path>'")
+
+
+def predictor_digest(spec: str) -> str:
+    """A content hash of the predictor `spec` names: its files for `fm:<path>`, the
+    name for the built-in ones. Whatever was trained with a predictor can check that
+    the files at that path are still the ones it saw (retraining writes the same path)."""
+    if not spec.startswith("fm:"):
+        return spec
+    from mara_fm.fm_predictor import CONFIG_FILE, WEIGHTS_FILE
+
+    digest = hashlib.sha256()
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        path = Path(spec[3:]) / name
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: exported FM predictor file missing (train one with "
+                                    "`mara train-predictor`)")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
