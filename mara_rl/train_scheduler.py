@@ -342,11 +342,18 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
                          "use --fresh or another --out")
 
     with torch_threads(cfg.torch_threads):
-        return _train_loop(cfg, env_cfg, out_dir, state, run_name)
+        return _train_loop(cfg, env_cfg, out_dir, state, run_name, digest)
+
+
+def _best_policy_dir(out_dir: Path, iteration: int) -> Path:
+    """Where the policy validated at `iteration` is kept while it is the best so far. Named
+    by iteration, so the folder the state records is always the policy it scored, even
+    after a crash between an export and the state write."""
+    return out_dir / f"best_policy-{iteration}"
 
 
 def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: dict[str, Any],
-                run_name: str | None) -> Path:
+                run_name: str | None, digest: str) -> Path:
     torch.manual_seed(cfg.seed)
     algo = build_algorithm(cfg, env_cfg)
     checkpoint = out_dir / "checkpoint"
@@ -358,7 +365,6 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         evaluator.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
         return evaluator
 
-    digest = predictor_digest(env_cfg.predictor)
     tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir}
     with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
         import mlflow
@@ -381,19 +387,22 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
                 metrics.update({f"val_{k}": v for k, v in scores.items()})
                 if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
                     best = {**scores, "iteration": it}
-                    export_policy(evaluator, out_dir / "best_policy", str(env_cfg.predictor))
+                    export_policy(evaluator, _best_policy_dir(out_dir, it), str(env_cfg.predictor))
             mlflow.log_metrics(metrics, step=it)
             _save_checkpoint(algo, out_dir)
             state = {"iteration": it, "env_steps": steps, "mlflow_run_id": run.info.run_id,
                      "config": _comparable(cfg, env_cfg), "best": best, "predictor_digest": digest}
             _state_path(out_dir).write_text(json.dumps(state, indent=1))
+            for stale in out_dir.glob("best_policy-*"):
+                if best is None or stale != _best_policy_dir(out_dir, best["iteration"]):
+                    shutil.rmtree(stale)
             print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
                   flush=True)
         policy = out_dir / "policy"
         best = state.get("best")
         if best is not None:
             shutil.rmtree(policy, ignore_errors=True)
-            shutil.copytree(out_dir / "best_policy", policy)
+            shutil.copytree(_best_policy_dir(out_dir, best["iteration"]), policy)
             mlflow.set_tags({"exported_iteration": best["iteration"]})
             mlflow.log_metrics({f"exported_val_{k}": v for k, v in best.items() if k != "iteration"})
         else:

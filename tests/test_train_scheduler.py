@@ -65,7 +65,9 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     vals = {step: (stress[step], success[step]) for step in stress}
     assert vals[best["iteration"]] == (best["stress_complete"], best["success_rate"])
     assert selection_key(best) == max(vals.values())
-    assert (policy / "policy.pt").read_bytes() == (out / "best_policy" / "policy.pt").read_bytes()
+    kept = out / f"best_policy-{best['iteration']}"
+    assert [p.name for p in out.glob("best_policy-*")] == [kept.name]
+    assert (policy / "policy.pt").read_bytes() == (kept / "policy.pt").read_bytes()
 
     # Resume: the same run folder continues to the new total, in the same MLflow run.
     train(dataclasses.replace(cfg, iterations=3), env_cfg, out)
