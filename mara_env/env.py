@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +404,14 @@ class SlotView:
     observed: np.ndarray
     predicted: np.ndarray
     n_nodes: int
+
+
+def sample_episodes(config: EnvConfig, count: int, seed: int) -> list[Episode]:
+    """The episodes `MultiNodeEnv(config)` draws on `reset(seed=seed + i)`, i < count
+    (bursts included, at `config.burst_prob`); the predictor plays no part in drawing them."""
+    sampler = MultiNodeEnv(replace(config, predictor="wls"))
+    episodes = []
+    for i in range(count):
+        sampler.reset(seed=seed + i)
+        episodes.append(sampler.episode)
+    return episodes

@@ -79,14 +79,17 @@ def answer_queries(envs: list[MultiNodeEnv], predictor: Predictor) -> None:
 
 
 BatchDecide = Callable[[dict[str, np.ndarray], list[MultiNodeEnv]], np.ndarray]
+StepRecord = Callable[[int, dict[str, np.ndarray], np.ndarray, float], None]
 
 
-def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: BatchDecide) -> list[dict]:
+def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: BatchDecide,
+                       on_step: StepRecord | None = None) -> list[dict]:
     """Play `episodes` side by side: each step, one `decide` call on the stacked
     observations (B, ...) of the running envs, and one predictor call for all.
 
     Returns, per episode, the env's end-of-episode summary plus `shaped_return` and
-    `succeeded` (one flag per task, in the episode's arrival order).
+    `succeeded` (one flag per task, in the episode's arrival order). `on_step(i, obs,
+    action, reward)` sees every transition of episode i, in order.
     """
     shared = replace(config, predictor=make_predictor(config.predictor))
     envs = [MultiNodeEnv(shared) for _ in episodes]
@@ -99,6 +102,8 @@ def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: Batch
         actions = decide(stacked, [envs[i] for i in live])
         for i, action in zip(live, actions, strict=True):
             reward, done, info = envs[i].advance(action)
+            if on_step is not None:
+                on_step(i, obs[i], action, reward)
             returns[i] += reward
             if done:
                 results[i] = {**info, "shaped_return": returns[i], "succeeded": envs[i].status == SUCCEEDED}

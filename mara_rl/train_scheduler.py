@@ -35,7 +35,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_env import ENV_ID
-from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
+from mara_env.env import EnvConfig, MultiNodeEnv, load_curves, make_spaces, sample_episodes
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
 from mara_env.workload import oracle_successes, stress_episode
 from mara_fm.fm_predictor import torch_threads
@@ -49,6 +49,7 @@ POLICY_WEIGHTS, POLICY_SPEC = "policy.pt", "policy.json"
 # Operational settings a resume may change; anything else must match the run being resumed.
 RESUMABLE_CHANGES = ("iterations", "num_env_runners", "pool_predictions", "torch_threads", "eval_every",
                      "sample_timeout_s")
+IMITATION_SEED = 2_000_000  # + 1000 · seed: the teacher's episodes, apart from eval_seed's
 EPISODE_METRICS = ("success_rate", "episode_successes", "episode_tasks", "utilisation",
                    "episode_invalid_actions")
 
@@ -79,6 +80,13 @@ class SchedulerConfig:
     vf_clip_param: float = 1e4  # RLlib's 10 would zero the value gradient: returns reach ~20
     kl_coeff: float = 0.0  # MAT uses no KL penalty
     grad_clip: float = 10.0
+    # Warm start (mara_rl.imitation): before PPO, fit the MAT to this allocator's joint
+    # actions, and its value head to their returns, on this many training episodes
+    # (0 = off: PPO from a random MAT).
+    imitation_episodes: int = 0
+    imitation_teacher: str = "lara"
+    imitation_epochs: int = 20
+    imitation_lr: float = 1e-3
     # Network (MATConfig).
     embed_dim: int = 64
     n_heads: int = 1
@@ -221,14 +229,11 @@ def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: 
     episode (the Oracle bound), else 0.
     """
     base = dataclasses.replace(env_cfg, split="val", burst_prob=0.0)
-    sampler = MultiNodeEnv(dataclasses.replace(base, predictor="wls"))  # sampling ignores the predictor
-    val_episodes = []
-    for i in range(episodes):
-        sampler.reset(seed=seed + i)
-        val_episodes.append(sampler.episode)
-    stress = stress_episode(sampler.curves, base.horizon, seed=seed)
-    *finals, stress_final = replay_in_lockstep(base, [*val_episodes, stress], lambda obs, envs: act(module, obs))
-    bound = oracle_successes(stress, sampler.curves)
+    curves = load_curves(base.bank_path, base.task_set, base.split)
+    stress = stress_episode(curves, base.horizon, seed=seed)
+    *finals, stress_final = replay_in_lockstep(base, [*sample_episodes(base, episodes, seed), stress],
+                                               lambda obs, envs: act(module, obs))
+    bound = oracle_successes(stress, curves)
     return {"success_rate": float(np.mean([f["success_rate"] for f in finals])),
             "shaped_return": float(np.mean([f["shaped_return"] for f in finals])),
             "invalid_actions": float(sum(f["episode_invalid_actions"] for f in finals)),
@@ -274,6 +279,23 @@ def build_algorithm(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
         ray.init(include_dashboard=False, log_to_driver=False)
     register_env(ENV_ID, make_env)
     return ppo_config(cfg, env_cfg).build_algo()
+
+
+def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvConfig) -> dict[str, float]:
+    """Imitation before PPO: fit `module` to the teacher, then load it into the learner and
+    every env runner. Returns how close it was to the teacher before and after."""
+    from mara_rl.imitation import demonstrations, imitate, score
+
+    demos = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes,
+                           seed=IMITATION_SEED + 1000 * cfg.seed)
+    before = score(module, demos)
+    imitate(module, demos, cfg.imitation_epochs, cfg.imitation_lr, cfg.seed)
+    after = score(module, demos)
+    algo.learner_group.set_weights({DEFAULT_MODULE_ID: module.get_state()})
+    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group,
+                                       inference_only=True, timeout_seconds=120.0)
+    return {**{f"imitation_{k}_before": v for k, v in before.items()},
+            **{f"imitation_{k}": v for k, v in after.items()}}
 
 
 def iteration_metrics(result: dict[str, Any], seconds: float, steps: float) -> dict[str, float]:
@@ -372,6 +394,10 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         if not state:
             mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
                                **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
+            if cfg.imitation_episodes > 0:
+                warm = warm_start(algo, evaluator, cfg, env_cfg)
+                mlflow.log_metrics(warm, step=0)
+                print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
         steps_before = float(state.get("env_steps", 0))
         while algo.iteration < cfg.iterations:
             start = time.perf_counter()

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+from ray.rllib.core import DEFAULT_MODULE_ID
 
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_fm.profile import section_config
@@ -21,12 +22,14 @@ from mara_rl.train_scheduler import (
     EXPERIMENT,
     SchedulerConfig,
     act,
+    build_algorithm,
     export_policy,
     load_policy,
     module_spec,
     policy_predictor,
     selection_key,
     train,
+    warm_start,
 )
 
 
@@ -46,7 +49,7 @@ def ray_local() -> Iterator[None]:
 def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
                                         ray_local: None) -> None:
     cfg = section_config(SchedulerConfig, "smoke", "scheduler", train_batch_size=200,
-                         minibatch_size=100, eval_episodes=2)
+                         minibatch_size=100, eval_episodes=2, imitation_episodes=1, imitation_epochs=1)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
     out = tmp_path / "run"
 
@@ -58,6 +61,7 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
                 "env_steps_per_s", "val_success_rate", "val_stress_complete"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
     assert run.data.params["scheduler.gamma"] == "1.0"
+    assert "imitation_node_agreement" in run.data.metrics  # the warm start ran before PPO
     # The exported policy is the best validated one: it has that evaluation's scores.
     best = json.loads((out / "state.json").read_text())["best"]
     stress, success = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
@@ -125,3 +129,25 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ValueError, match="has changed since this policy was trained"):
         policy_predictor(policy)
+
+
+def test_warm_start_loads_the_imitated_policy_into_learner_and_env_runners(
+        smoke_bank: Path, ray_local: None) -> None:
+    cfg = section_config(SchedulerConfig, "smoke", "scheduler", num_env_runners=1,
+                         imitation_episodes=1, imitation_epochs=3)
+    env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
+    algo = build_algorithm(cfg, env_cfg)
+    try:
+        module = module_spec(env_cfg, cfg.mat_config()).build()
+        metrics = warm_start(algo, module, cfg, env_cfg)
+        assert metrics["imitation_node_agreement"] > metrics["imitation_node_agreement_before"]
+        expected = {k: v.numpy() for k, v in module.state_dict().items()}
+        learner = algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID]
+        runners = algo.env_runner_group.foreach_env_runner(lambda r: r.module.get_state(), local_env_runner=False)
+        assert len(runners) == 1
+        for state in (learner, *runners):
+            assert state.keys() <= expected.keys() and "slot_embed.0.weight" in state
+            for key, value in state.items():
+                np.testing.assert_allclose(np.asarray(value), expected[key], err_msg=key)
+    finally:
+        algo.stop()

@@ -1,0 +1,94 @@
+"""Warm start for the MAT scheduler: imitate an allocator before PPO.
+
+PPO from a random MAT spends its first iterations finding out what LARA
+already knows (serve new tasks until they can be forecast, drop the hopeless,
+serve the rest by deadline). Here the allocator plays training episodes in
+the run's own env (same predictor, same burst share), and the MAT is fitted
+to its joint actions by maximum likelihood, with the same teacher-forced
+pass PPO uses to score stored actions. The value head is fitted to the
+returns-to-go of those episodes (γ = 1, the shaped reward), so PPO's first
+advantages are not measured against a random critic. PPO then starts from
+the allocator's behaviour instead of from scratch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ray.rllib.core.columns import Columns
+
+from mara_env.allocators import ALLOCATORS
+from mara_env.env import EnvConfig, sample_episodes
+from mara_env.vector import replay_in_lockstep
+from mara_rl.evaluate import classic
+from mara_rl.mat_module import MASKED_LOGIT, MATModule
+
+
+@dataclass
+class Demonstrations:
+    """Every transition of the teacher's episodes, stacked."""
+
+    obs: dict[str, torch.Tensor]  # each (T, ...)
+    actions: torch.Tensor  # (T, N)
+    returns: torch.Tensor  # (T,) shaped return-to-go, γ = 1
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int) -> Demonstrations:
+    """The allocator `teacher` (fifo | edf | lara) on `episodes` episodes of `env_cfg`."""
+    if teacher not in ALLOCATORS:
+        raise ValueError(f"unknown imitation teacher {teacher!r}; known: {sorted(ALLOCATORS)}")
+    steps: list[list[tuple[dict[str, np.ndarray], np.ndarray, float]]] = [[] for _ in range(episodes)]
+    replay_in_lockstep(env_cfg, sample_episodes(env_cfg, episodes, seed), classic(teacher)(),
+                       on_step=lambda i, obs, action, reward: steps[i].append((obs, action, reward)))
+    rows = [step for episode in steps for step in episode]
+    returns = np.concatenate([np.cumsum([r for *_, r in episode][::-1])[::-1] for episode in steps])
+    return Demonstrations(
+        obs={k: torch.as_tensor(np.stack([o[k] for o, _, _ in rows])) for k in rows[0][0]},
+        actions=torch.as_tensor(np.stack([a for _, a, _ in rows]), dtype=torch.long),
+        returns=torch.as_tensor(returns, dtype=torch.float32),
+    )
+
+
+def _losses(module: MATModule, demos: Demonstrations, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(−log π of the teacher's joint actions, value MSE, per-node greedy agreement) on `rows`."""
+    obs = {k: v[rows] for k, v in demos.obs.items()}
+    actions = demos.actions[rows]
+    out = module.forward_train({Columns.OBS: obs, Columns.ACTIONS: actions})
+    logits = out[Columns.ACTION_DIST_INPUTS].view(len(rows), module.n_nodes, -1)
+    chosen = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    if (chosen <= MASKED_LOGIT / 2).any():
+        raise ValueError("the teacher took an action the MAT masks (a taken or empty slot, "
+                         "or idle beside a waiting task); it cannot be imitated")
+    nll = -(chosen - logits.logsumexp(-1)).sum(-1).mean()
+    value_mse = F.mse_loss(module.compute_values({}, out[Columns.EMBEDDINGS]), demos.returns[rows])
+    agreement = (logits.argmax(-1) == actions).float().mean()
+    return nll, value_mse, agreement
+
+
+def score(module: MATModule, demos: Demonstrations) -> dict[str, float]:
+    """How close `module` is to the teacher: mean NLL of its joint actions, value MSE, and
+    how often each node's greedy choice, given the teacher's earlier choices, is the teacher's."""
+    with torch.no_grad():
+        nll, value_mse, agreement = _losses(module, demos, torch.arange(len(demos)))
+    return {"nll": float(nll), "value_mse": float(value_mse), "node_agreement": float(agreement)}
+
+
+def imitate(module: MATModule, demos: Demonstrations, epochs: int, lr: float, seed: int,
+            batch_size: int = 256, vf_coeff: float = 0.5) -> None:
+    """Fit `module` in place: −log π(teacher's joint action) + vf_coeff · (V − return)²."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    module.train()
+    for _ in range(epochs):
+        for rows in torch.randperm(len(demos), generator=gen).split(batch_size):
+            nll, value_mse, _ = _losses(module, demos, rows)
+            opt.zero_grad()
+            (nll + vf_coeff * value_mse).backward()
+            opt.step()
+    module.eval()
