@@ -9,7 +9,9 @@ FM      := artifacts/predictor/$(PROFILE)/predictor
 SEED    ?= 0
 BETA    ?= 0.1
 PREDICTOR ?= fm
-SCHED   := artifacts/scheduler/$(PROFILE)-$(PREDICTOR)-beta$(BETA)-seed$(SEED)
+# IMITATION=N: warm-start PPO by imitating LARA on N training episodes (mara_rl.imitation).
+IMITATION ?=
+SCHED   := artifacts/scheduler/$(PROFILE)-$(PREDICTOR)-beta$(BETA)-seed$(SEED)$(if $(IMITATION),-imitation$(IMITATION))
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench mlflow-ui clean
@@ -47,12 +49,12 @@ reports/predictor/$(PROFILE)/predictor_eval.json: $(FM)/config.json
 train-scheduler: $(SCHED)/policy/policy.json
 $(SCHED)/policy/policy.json: $(FM)/config.json
 	$(MARA) train-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
-		--beta $(BETA) --seed $(SEED) --bank $(BANK)
+		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(if $(IMITATION),--imitation-episodes $(IMITATION))
 
 # Needs a running Ray cluster: RAY_ADDRESS=http://HEAD:8265 (see README).
 submit-scheduler: $(FM)/config.json
 	$(MARA) submit-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
-		--beta $(BETA) --seed $(SEED) --bank $(BANK) --wait
+		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(if $(IMITATION),--imitation-episodes $(IMITATION)) --wait
 
 # Every method and trained variant (MARA, MARA-WLS, sparse per seed; train them first):
 # main table, stress scenario, load sweep. EXTRA=NAME[@SEED]=DIR,... adds more policies

@@ -82,10 +82,10 @@ class Paths:
     def evaluation(self) -> Path:
         return self.report / "eval"
 
-    def scheduler(self, variant: Variant, beta: float, seed: int) -> Path:
+    def scheduler(self, variant: Variant, beta: float, seed: int, imitation_episodes: int = 0) -> Path:
         from mara_rl.scheduler_commands import default_out
 
-        return default_out(self.profile, variant.predictor, beta, seed)
+        return default_out(self.profile, variant.predictor, beta, seed, imitation_episodes)
 
 
 @dataclass
@@ -115,7 +115,7 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
     cfg = section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
                          beta=variant.beta, seed=seed,
                          fm_path=str(paths.fm.resolve()) if variant.predictor == "fm" else None)
-    out = paths.scheduler(variant, cfg.beta, seed)
+    out = paths.scheduler(variant, cfg.beta, seed, cfg.imitation_episodes)
 
     def run() -> None:
         from mara_rl.train_scheduler import train, training_env

@@ -22,6 +22,8 @@ TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--beta", {"type": float, "help": "shaping weight β (0 = sparse reward)"}),
     ("--seed", {"type": int}),
     ("--burst-prob", {"type": float, "help": "share of training episodes with an overload burst"}),
+    ("--imitation-episodes", {"type": int, "help": "warm start: imitate LARA on N training episodes "
+                              "before PPO (0 = off; see mara_rl.imitation)"}),
     ("--iterations", {"type": int, "help": "PPO iterations in total (a resume continues to it)"}),
     ("--num-env-runners", {"type": int}),
     ("--num-envs-per-env-runner", {"type": int}),
@@ -50,8 +52,10 @@ def train_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def default_out(profile: str, predictor: str, beta: float, seed: int) -> Path:
-    return PROJECT_ROOT / "artifacts" / "scheduler" / f"{Path(profile).stem}-{predictor}-beta{beta:g}-seed{seed}"
+def default_out(profile: str, predictor: str, beta: float, seed: int, imitation_episodes: int = 0) -> Path:
+    warm = f"-imitation{imitation_episodes}" if imitation_episodes > 0 else ""
+    return (PROJECT_ROOT / "artifacts" / "scheduler"
+            / f"{Path(profile).stem}-{predictor}-beta{beta:g}-seed{seed}{warm}")
 
 
 def scheduler_config(args: argparse.Namespace) -> Any:
@@ -60,6 +64,7 @@ def scheduler_config(args: argparse.Namespace) -> Any:
 
     return section_config(SchedulerConfig, args.profile, "scheduler", predictor=args.predictor,
                           fm_path=args.fm, beta=args.beta, seed=args.seed, burst_prob=args.burst_prob,
+                          imitation_episodes=args.imitation_episodes,
                           iterations=args.iterations,
                           num_env_runners=args.num_env_runners,
                           num_envs_per_env_runner=args.num_envs_per_env_runner)
@@ -74,7 +79,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = training_env(cfg, args.profile, bank)
-    out = Path(args.out) if args.out else default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed)
+    out = Path(args.out) if args.out else default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed,
+                                                      cfg.imitation_episodes)
     policy = train(cfg, env_cfg, out, run_name=args.run_name or out.name, fresh=args.fresh)
     print(f"policy exported: {policy}")
 
@@ -85,7 +91,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
     argv = train_argv(args)
     if not args.out:  # a job's working dir is a temporary copy: keep results in this checkout
         cfg = scheduler_config(args)
-        argv += ["--out", str(default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed))]
+        argv += ["--out", str(default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed, cfg.imitation_episodes))]
     if not args.bank:  # data/ is not uploaded; point the job at this checkout's bank
         argv += ["--bank", str(default_bank_path(args.profile))]
     job_id, status = submit_training(argv, address=args.address, wait=args.wait,

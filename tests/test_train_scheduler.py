@@ -17,7 +17,12 @@ from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_fm.profile import section_config
 from mara_rl.evaluate import EvalConfig, evaluate, learned
 from mara_rl.mat_module import MATConfig
-from mara_rl.scheduler_commands import add_train_arguments, train_argv
+from mara_rl.scheduler_commands import (
+    add_train_arguments,
+    default_out,
+    scheduler_config,
+    train_argv,
+)
 from mara_rl.train_scheduler import (
     EXPERIMENT,
     SchedulerConfig,
@@ -117,6 +122,13 @@ def test_submit_forwards_absolute_paths() -> None:
     assert argv[:2] == ["--profile", "smoke"] and "--fresh" in argv
     assert Path(argv[argv.index("--bank") + 1]).is_absolute()
     assert argv[argv.index("--beta") + 1] == "0.0"
+    # A warm-started run is forwarded as such and gets its own default folder.
+    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32"])
+    assert train_argv(args)[-2:] == ["--imitation-episodes", "32"]
+    cfg = scheduler_config(args)
+    assert cfg.imitation_episodes == 32
+    assert default_out("smoke", cfg.predictor, cfg.beta, cfg.seed, cfg.imitation_episodes).name.endswith(
+        "-seed0-imitation32")
 
 
 def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_path: Path) -> None:
