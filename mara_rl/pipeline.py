@@ -17,13 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from mara_fm.build_bank import default_bank_path
 from mara_fm.profile import PROJECT_ROOT, profile_path, section_config
 from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
+
+if TYPE_CHECKING:
+    from mara_rl.train_scheduler import SchedulerConfig
 
 CLASSIC = ("lara", "lara_fm", "fifo", "edf", "oracle")
 
@@ -82,10 +85,10 @@ class Paths:
     def evaluation(self) -> Path:
         return self.report / "eval"
 
-    def scheduler(self, variant: Variant, beta: float, seed: int, imitation_episodes: int = 0) -> Path:
+    def scheduler(self, cfg: SchedulerConfig) -> Path:
         from mara_rl.scheduler_commands import default_out
 
-        return default_out(self.profile, variant.predictor, beta, seed, imitation_episodes)
+        return default_out(self.profile, cfg)
 
 
 @dataclass
@@ -115,7 +118,7 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
     cfg = section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
                          beta=variant.beta, seed=seed,
                          fm_path=str(paths.fm.resolve()) if variant.predictor == "fm" else None)
-    out = paths.scheduler(variant, cfg.beta, seed, cfg.imitation_episodes)
+    out = paths.scheduler(cfg)
 
     def run() -> None:
         from mara_rl.train_scheduler import train, training_env

@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mara_fm.build_bank import default_bank_path
 from mara_fm.profile import PROJECT_ROOT, section_config
+
+if TYPE_CHECKING:
+    from mara_rl.train_scheduler import SchedulerConfig
 
 # One table drives both the train parser and the argv forwarded to a Ray job.
 TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
@@ -52,10 +55,11 @@ def train_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def default_out(profile: str, predictor: str, beta: float, seed: int, imitation_episodes: int = 0) -> Path:
-    warm = f"-imitation{imitation_episodes}" if imitation_episodes > 0 else ""
+def default_out(profile: str, cfg: SchedulerConfig) -> Path:
+    """A run's folder, named by what sets its variant apart: predictor, β, seed, warm start."""
+    warm = f"-imitation{cfg.imitation_episodes}" if cfg.imitation_episodes > 0 else ""
     return (PROJECT_ROOT / "artifacts" / "scheduler"
-            / f"{Path(profile).stem}-{predictor}-beta{beta:g}-seed{seed}{warm}")
+            / f"{Path(profile).stem}-{cfg.predictor}-beta{cfg.beta:g}-seed{cfg.seed}{warm}")
 
 
 def scheduler_config(args: argparse.Namespace) -> Any:
@@ -79,8 +83,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if not args.bank:
         ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
     env_cfg = training_env(cfg, args.profile, bank)
-    out = Path(args.out) if args.out else default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed,
-                                                      cfg.imitation_episodes)
+    out = Path(args.out) if args.out else default_out(args.profile, cfg)
     policy = train(cfg, env_cfg, out, run_name=args.run_name or out.name, fresh=args.fresh)
     print(f"policy exported: {policy}")
 
@@ -91,7 +94,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
     argv = train_argv(args)
     if not args.out:  # a job's working dir is a temporary copy: keep results in this checkout
         cfg = scheduler_config(args)
-        argv += ["--out", str(default_out(args.profile, cfg.predictor, cfg.beta, cfg.seed, cfg.imitation_episodes))]
+        argv += ["--out", str(default_out(args.profile, cfg))]
     if not args.bank:  # data/ is not uploaded; point the job at this checkout's bank
         argv += ["--bank", str(default_bank_path(args.profile))]
     job_id, status = submit_training(argv, address=args.address, wait=args.wait,

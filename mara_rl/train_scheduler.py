@@ -399,6 +399,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
                 mlflow.log_metrics(warm, step=0)
                 print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
         steps_before = float(state.get("env_steps", 0))
+        best = state.get("best")
         while algo.iteration < cfg.iterations:
             start = time.perf_counter()
             result = algo.train()
@@ -407,7 +408,6 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             metrics = iteration_metrics(result, seconds, steps - steps_before)
             steps_before = steps
             it = algo.iteration
-            best = state.get("best")
             if cfg.eval_every > 0 and (it % cfg.eval_every == 0 or it == cfg.iterations):
                 scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
                 metrics.update({f"val_{k}": v for k, v in scores.items()})
@@ -425,7 +425,6 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
                   flush=True)
         policy = out_dir / "policy"
-        best = state.get("best")
         if best is not None:
             shutil.rmtree(policy, ignore_errors=True)
             shutil.copytree(_best_policy_dir(out_dir, best["iteration"]), policy)

@@ -127,8 +127,7 @@ def test_submit_forwards_absolute_paths() -> None:
     assert train_argv(args)[-2:] == ["--imitation-episodes", "32"]
     cfg = scheduler_config(args)
     assert cfg.imitation_episodes == 32
-    assert default_out("smoke", cfg.predictor, cfg.beta, cfg.seed, cfg.imitation_episodes).name.endswith(
-        "-seed0-imitation32")
+    assert default_out("smoke", cfg).name.endswith("-seed0-imitation32")
 
 
 def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_path: Path) -> None:
