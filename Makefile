@@ -9,9 +9,13 @@ FM      := artifacts/predictor/$(PROFILE)/predictor
 SEED    ?= 0
 BETA    ?= 0.1
 PREDICTOR ?= fm
-# IMITATION=N: warm-start PPO by imitating LARA on N training episodes (mara_rl.imitation).
+# IMITATION=N: warm-start PPO by imitating LARA on N training episodes (mara_rl.imitation);
+# TEACHER=lara_oracle imitates LARA fed the true remaining demand instead (privileged teacher).
 IMITATION ?=
-SCHED   := artifacts/scheduler/$(PROFILE)-$(PREDICTOR)-beta$(BETA)-seed$(SEED)$(if $(IMITATION),-imitation$(IMITATION))
+TEACHER ?= lara
+WARM    := $(if $(IMITATION),-imitation$(IMITATION)$(if $(filter-out lara,$(TEACHER)),-$(TEACHER)))
+SCHED   := artifacts/scheduler/$(PROFILE)-$(PREDICTOR)-beta$(BETA)-seed$(SEED)$(WARM)
+WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION) --imitation-teacher $(TEACHER))
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench mlflow-ui clean
@@ -49,12 +53,12 @@ reports/predictor/$(PROFILE)/predictor_eval.json: $(FM)/config.json
 train-scheduler: $(SCHED)/policy/policy.json
 $(SCHED)/policy/policy.json: $(FM)/config.json
 	$(MARA) train-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
-		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(if $(IMITATION),--imitation-episodes $(IMITATION))
+		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(WARM_FLAGS)
 
 # Needs a running Ray cluster: RAY_ADDRESS=http://HEAD:8265 (see README).
 submit-scheduler: $(FM)/config.json
 	$(MARA) submit-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
-		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(if $(IMITATION),--imitation-episodes $(IMITATION)) --wait
+		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(WARM_FLAGS) --wait
 
 # Every method and trained variant (MARA, MARA-WLS, sparse per seed; train them first):
 # main table, stress scenario, load sweep. EXTRA=NAME[@SEED]=DIR,... adds more policies

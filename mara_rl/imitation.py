@@ -9,20 +9,29 @@ pass PPO uses to score stored actions. The value head is fitted to the
 returns-to-go of those episodes (γ = 1, the shaped reward), so PPO's first
 advantages are not measured against a random critic. PPO then starts from
 the allocator's behaviour instead of from scratch.
+
+The teacher may be privileged (`lara_oracle`): LARA fed each task's true
+remaining demand, read off the curve the env replays, while the MAT is
+fitted on the observations of the run's own env (its predictor's
+forecasts). Nothing privileged reaches the policy at run time; it learns the
+choices a scheduler that knew the future would make, as far as the forecasts
+let it tell them apart. The env's dynamics do not depend on its predictor, so
+the teacher's episodes are the episodes LARA plays in an oracle env.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from ray.rllib.core.columns import Columns
 
-from mara_env.allocators import ALLOCATORS
-from mara_env.env import EnvConfig, sample_episodes
-from mara_env.vector import replay_in_lockstep
+from mara_env.allocators import ALLOCATORS, LARA
+from mara_env.env import EnvConfig, MultiNodeEnv, SlotView, sample_episodes
+from mara_env.vector import BatchDecide, replay_in_lockstep
+from mara_fm.predictors import OraclePredictor
 from mara_rl.evaluate import classic
 from mara_rl.mat_module import MASKED_LOGIT, MATModule
 
@@ -39,12 +48,41 @@ class Demonstrations:
         return len(self.actions)
 
 
-def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int) -> Demonstrations:
-    """The allocator `teacher` (fifo | edf | lara) on `episodes` episodes of `env_cfg`."""
+PRIVILEGED_TEACHER = "lara_oracle"
+TEACHERS = (*sorted(ALLOCATORS), PRIVILEGED_TEACHER)
+
+
+def true_demand_view(env: MultiNodeEnv, oracle: OraclePredictor) -> SlotView:
+    """`env.scheduler_view()` with the prediction of every task served at least once
+    replaced by its true remaining demand: what an env running the `oracle` predictor
+    would hold (an unserved task keeps the env's initial answer, the curve cap)."""
+    view = env.scheduler_view()
+    slots = np.flatnonzero(view.present & (view.observed > 0))
+    if not len(slots):
+        return view
+    tasks = env.slot_task[slots]
+    seen = env.n_obs[tasks]
+    predicted = view.predicted.copy()
+    predicted[slots] = oracle.replay_remaining(env.curves, env.task_rows[tasks], seen, env.eps[tasks],
+                                               (env.cap - seen).astype(np.float64))
+    return replace(view, predicted=predicted)
+
+
+def teacher_policy(teacher: str) -> BatchDecide:
+    """The teacher's decisions for a batch of envs: an allocator, or LARA on true demand."""
+    if teacher == PRIVILEGED_TEACHER:
+        lara, oracle = LARA(), OraclePredictor()
+        return lambda obs, envs: np.stack([lara.act(true_demand_view(env, oracle)) for env in envs])
     if teacher not in ALLOCATORS:
-        raise ValueError(f"unknown imitation teacher {teacher!r}; known: {sorted(ALLOCATORS)}")
+        raise ValueError(f"unknown imitation teacher {teacher!r}; known: {list(TEACHERS)}")
+    return classic(teacher)()
+
+
+def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int) -> Demonstrations:
+    """The teacher (one of `TEACHERS`) on `episodes` episodes of `env_cfg`."""
+    decide = teacher_policy(teacher)
     steps: list[list[tuple[dict[str, np.ndarray], np.ndarray, float]]] = [[] for _ in range(episodes)]
-    replay_in_lockstep(env_cfg, sample_episodes(env_cfg, episodes, seed), classic(teacher)(),
+    replay_in_lockstep(env_cfg, sample_episodes(env_cfg, episodes, seed), decide,
                        on_step=lambda i, obs, action, reward: steps[i].append((obs, action, reward)))
     rows = [step for episode in steps for step in episode]
     returns = np.concatenate([np.cumsum([r for *_, r in episode][::-1])[::-1] for episode in steps])

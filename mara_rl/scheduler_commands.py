@@ -25,8 +25,10 @@ TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--beta", {"type": float, "help": "shaping weight β (0 = sparse reward)"}),
     ("--seed", {"type": int}),
     ("--burst-prob", {"type": float, "help": "share of training episodes with an overload burst"}),
-    ("--imitation-episodes", {"type": int, "help": "warm start: imitate LARA on N training episodes "
-                              "before PPO (0 = off; see mara_rl.imitation)"}),
+    ("--imitation-episodes", {"type": int, "help": "warm start: imitate the teacher on N training "
+                              "episodes before PPO (0 = off; see mara_rl.imitation)"}),
+    ("--imitation-teacher", {"help": "fifo | edf | lara (default) | lara_oracle (LARA on the true "
+                             "remaining demand: a privileged teacher)"}),
     ("--iterations", {"type": int, "help": "PPO iterations in total (a resume continues to it)"}),
     ("--num-env-runners", {"type": int}),
     ("--num-envs-per-env-runner", {"type": int}),
@@ -56,8 +58,12 @@ def train_argv(args: argparse.Namespace) -> list[str]:
 
 
 def default_out(profile: str, cfg: SchedulerConfig) -> Path:
-    """A run's folder, named by what sets its variant apart: predictor, β, seed, warm start."""
-    warm = f"-imitation{cfg.imitation_episodes}" if cfg.imitation_episodes > 0 else ""
+    """A run's folder, named by what sets its variant apart: predictor, β, seed, warm start
+    (and its teacher, unless LARA)."""
+    warm = ""
+    if cfg.imitation_episodes > 0:
+        teacher = "" if cfg.imitation_teacher == "lara" else f"-{cfg.imitation_teacher}"
+        warm = f"-imitation{cfg.imitation_episodes}{teacher}"
     return (PROJECT_ROOT / "artifacts" / "scheduler"
             / f"{Path(profile).stem}-{cfg.predictor}-beta{cfg.beta:g}-seed{cfg.seed}{warm}")
 
@@ -69,6 +75,7 @@ def scheduler_config(args: argparse.Namespace) -> Any:
     return section_config(SchedulerConfig, args.profile, "scheduler", predictor=args.predictor,
                           fm_path=args.fm, beta=args.beta, seed=args.seed, burst_prob=args.burst_prob,
                           imitation_episodes=args.imitation_episodes,
+                          imitation_teacher=args.imitation_teacher,
                           iterations=args.iterations,
                           num_env_runners=args.num_env_runners,
                           num_envs_per_env_runner=args.num_envs_per_env_runner)

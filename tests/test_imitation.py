@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,3 +45,18 @@ def test_imitation_makes_the_mat_act_like_its_teacher(env_cfg: EnvConfig) -> Non
     assert after["nll"] < 0.5 * before["nll"]
     assert after["node_agreement"] > before["node_agreement"] + 0.4
     assert after["value_mse"] < before["value_mse"]
+
+
+def test_privileged_teacher_plays_lara_on_true_demand_whatever_the_env_forecasts(
+        env_cfg: EnvConfig) -> None:
+    episodes = sample_episodes(env_cfg, 3, seed=2)
+    in_oracle_env: list[list] = [[] for _ in episodes]
+    replay_in_lockstep(replace(env_cfg, predictor="oracle"), episodes, classic("lara")(),
+                       on_step=lambda i, obs, action, reward: in_oracle_env[i].append((obs, action)))
+    steps = [step for episode in in_oracle_env for step in episode]
+    demos = demonstrations(env_cfg, "lara_oracle", 3, seed=2)  # env_cfg forecasts with WLS
+    assert torch.equal(demos.actions, torch.as_tensor(np.stack([a for _, a in steps])))
+    assert not torch.equal(demos.actions, demonstrations(env_cfg, "lara", 3, seed=2).actions)
+    # The student sees the run's own forecasts (WLS here), never the true demand.
+    oracle_forecasts = np.stack([o["slots"][:, 1] for o, _ in steps])
+    assert not np.allclose(demos.obs["slots"][:, :, 1].numpy(), oracle_forecasts)

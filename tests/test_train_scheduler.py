@@ -128,6 +128,14 @@ def test_submit_forwards_absolute_paths() -> None:
     cfg = scheduler_config(args)
     assert cfg.imitation_episodes == 32
     assert default_out("smoke", cfg).name.endswith("-seed0-imitation32")
+    # ... and so is its teacher, when it is not LARA; an unknown one is refused by name.
+    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32",
+                              "--imitation-teacher", "lara_oracle"])
+    assert train_argv(args)[-2:] == ["--imitation-teacher", "lara_oracle"]
+    assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0-imitation32-lara_oracle")
+    args.imitation_teacher = "coin"
+    with pytest.raises(ValueError, match="unknown imitation_teacher 'coin'"):
+        scheduler_config(args)
 
 
 def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_path: Path) -> None:
