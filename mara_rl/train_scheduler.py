@@ -13,7 +13,8 @@ success rate among the evaluations that complete every feasible task of a
 validation stress episode (DESIGN §8's pattern on val curves), or among all
 evaluations if none does. Whether PPO keeps the stress lesson until the last
 iteration depends on the seed; a validation that checks it keeps a policy
-that learned it.
+that learned it. A warm-started run also validates its imitated policy
+before PPO (iteration 0), so a warm start that PPO only erodes is kept.
 """
 
 from __future__ import annotations
@@ -393,6 +394,17 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         evaluator.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
         return evaluator
 
+    best = state.get("best")
+
+    def validate(it: int) -> dict[str, float]:
+        """Score the learner's policy on validation episodes; keep it if it is the best yet."""
+        nonlocal best
+        scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
+        if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
+            best = {**scores, "iteration": it}
+            export_policy(evaluator, _best_policy_dir(out_dir, it), str(env_cfg.predictor))
+        return {f"val_{k}": v for k, v in scores.items()}
+
     tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir}
     with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
         import mlflow
@@ -401,11 +413,14 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
                                **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
             if cfg.imitation_episodes > 0:
+                # The warm-started policy is itself a candidate for export (iteration 0):
+                # PPO's first iterations can undo part of what imitation taught.
                 warm = warm_start(algo, evaluator, cfg, env_cfg)
+                if cfg.eval_every > 0:
+                    warm.update(validate(0))
                 mlflow.log_metrics(warm, step=0)
                 print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
         steps_before = float(state.get("env_steps", 0))
-        best = state.get("best")
         while algo.iteration < cfg.iterations:
             start = time.perf_counter()
             result = algo.train()
@@ -415,11 +430,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             steps_before = steps
             it = algo.iteration
             if cfg.eval_every > 0 and (it % cfg.eval_every == 0 or it == cfg.iterations):
-                scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
-                metrics.update({f"val_{k}": v for k, v in scores.items()})
-                if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
-                    best = {**scores, "iteration": it}
-                    export_policy(evaluator, _best_policy_dir(out_dir, it), str(env_cfg.predictor))
+                metrics.update(validate(it))
             mlflow.log_metrics(metrics, step=it)
             _save_checkpoint(algo, out_dir)
             state = {"iteration": it, "env_steps": steps, "mlflow_run_id": run.info.run_id,
