@@ -68,13 +68,18 @@ def true_demand_view(env: MultiNodeEnv, oracle: OraclePredictor) -> SlotView:
     return replace(view, predicted=predicted)
 
 
+def check_teacher(teacher: str) -> None:
+    """Refuse a teacher name that is not one of `TEACHERS` (SchedulerConfig calls this too)."""
+    if teacher not in TEACHERS:
+        raise ValueError(f"unknown imitation_teacher {teacher!r}; known: {list(TEACHERS)}")
+
+
 def teacher_policy(teacher: str) -> BatchDecide:
     """The teacher's decisions for a batch of envs: an allocator, or LARA on true demand."""
+    check_teacher(teacher)
     if teacher == PRIVILEGED_TEACHER:
         lara, oracle = LARA(), OraclePredictor()
         return lambda obs, envs: np.stack([lara.act(true_demand_view(env, oracle)) for env in envs])
-    if teacher not in ALLOCATORS:
-        raise ValueError(f"unknown imitation teacher {teacher!r}; known: {list(TEACHERS)}")
     return classic(teacher)()
 
 

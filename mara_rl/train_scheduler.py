@@ -110,10 +110,9 @@ class SchedulerConfig:
     export_best: bool = True  # export the best validated policy, not the last (module docstring)
 
     def __post_init__(self) -> None:
-        from mara_rl.imitation import TEACHERS
+        from mara_rl.imitation import check_teacher
 
-        if self.imitation_teacher not in TEACHERS:
-            raise ValueError(f"unknown imitation_teacher {self.imitation_teacher!r}; known: {list(TEACHERS)}")
+        check_teacher(self.imitation_teacher)
 
     def mat_config(self) -> MATConfig:
         return MATConfig(self.embed_dim, self.n_heads, self.n_blocks, self.ff_dim, self.work_conserving)
