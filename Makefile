@@ -9,13 +9,11 @@ FM      := artifacts/predictor/$(PROFILE)/predictor
 SEED    ?= 0
 BETA    ?= 0.1
 PREDICTOR ?= fm
-# IMITATION=N: warm-start PPO by imitating LARA on N training episodes (mara_rl.imitation);
-# TEACHER=lara_oracle imitates LARA fed the true remaining demand instead (privileged teacher).
+# The warm start (mara_rl.imitation) is the profile's unless overridden: IMITATION=N imitates
+# the teacher on N training episodes (0: PPO from a random MAT), TEACHER=lara|lara_oracle|...
 IMITATION ?=
-TEACHER ?= lara
-WARM    := $(if $(IMITATION),-imitation$(IMITATION)$(if $(filter-out lara,$(TEACHER)),-$(TEACHER)))
-SCHED   := artifacts/scheduler/$(PROFILE)-$(PREDICTOR)-beta$(BETA)-seed$(SEED)$(WARM)
-WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION) --imitation-teacher $(TEACHER))
+TEACHER ?=
+WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION)) $(if $(TEACHER),--imitation-teacher $(TEACHER))
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench mlflow-ui clean
@@ -49,9 +47,10 @@ eval-predictor: reports/predictor/$(PROFILE)/predictor_eval.json
 reports/predictor/$(PROFILE)/predictor_eval.json: $(FM)/config.json
 	$(MARA) eval-predictor --profile $(PROFILE) --bank $(BANK) --predictor-path $(FM)
 
-# MARA: PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation.
-train-scheduler: $(SCHED)/policy/policy.json
-$(SCHED)/policy/policy.json: $(FM)/config.json
+# MARA: PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation. The run folder
+# is named by the command (mara_rl.scheduler_commands.default_out); a finished run is not
+# trained again, an interrupted one resumes.
+train-scheduler: $(FM)/config.json
 	$(MARA) train-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
 		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(WARM_FLAGS)
 

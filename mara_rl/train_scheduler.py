@@ -368,6 +368,10 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
     if changed:
         raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
                          "use --fresh or another --out")
+    policy = out_dir / "policy"
+    if state.get("iteration", -1) >= cfg.iterations and (policy / POLICY_SPEC).exists():
+        print(f"{out_dir} is trained (iteration {state['iteration']}): nothing to do; policy: {policy}")
+        return policy
 
     with torch_threads(cfg.torch_threads):
         return _train_loop(cfg, env_cfg, out_dir, state, run_name, digest)

@@ -122,7 +122,10 @@ def test_training_job_succeeds_and_logs_to_mlflow(services: dict[str, str], smok
     (experiment,) = [e for e in client.search_experiments() if e.name == EXPERIMENT]
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "ray-job-test" and run.info.status == "FINISHED"
-    for key in ("policy_loss", "vf_loss", "entropy", "env_steps_per_s", "val_success_rate"):
+    for key in ("policy_loss", "vf_loss", "entropy", "env_steps_per_s"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
+    # The profile's warm start ran in the job: its policy was validated before PPO (step 0).
+    assert "imitation_node_agreement" in run.data.metrics
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_success_rate")] == [0, 1, 2]
     assert {a.path for a in client.list_artifacts(run.info.run_id, "policy")} == {
         "policy/policy.pt", "policy/policy.json"}

@@ -85,6 +85,11 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     (again,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
     assert again.info.run_id == run.info.run_id
     assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
+    # Run again when finished: nothing is trained or exported again, nothing is logged.
+    exported = (policy / "policy.pt").stat().st_mtime_ns
+    assert train(dataclasses.replace(cfg, iterations=3), env_cfg, out) == policy
+    assert (policy / "policy.pt").stat().st_mtime_ns == exported
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
     with pytest.raises(ValueError, match="different config"):
         train(dataclasses.replace(cfg, iterations=4, lr=1e-3), env_cfg, out)
     # A predictor whose files changed since the run began (retrained in place) is refused too.
@@ -124,17 +129,19 @@ def test_submit_forwards_absolute_paths() -> None:
     assert argv[:2] == ["--profile", "smoke"] and "--fresh" in argv
     assert Path(argv[argv.index("--bank") + 1]).is_absolute()
     assert argv[argv.index("--beta") + 1] == "0.0"
-    # A warm-started run is forwarded as such and gets its own default folder.
-    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32"])
-    assert train_argv(args)[-2:] == ["--imitation-episodes", "32"]
+    # The profile's warm start (smoke, like default: the privileged teacher) names the folder;
+    # flags override it, and a run without one has no suffix.
+    args = parser.parse_args(["--profile", "smoke"])
+    assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0-imitation1-lara_oracle")
+    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32", "--imitation-teacher", "lara"])
+    assert train_argv(args)[-4:] == ["--imitation-episodes", "32", "--imitation-teacher", "lara"]
     cfg = scheduler_config(args)
-    assert cfg.imitation_episodes == 32
+    assert (cfg.imitation_episodes, cfg.imitation_teacher) == (32, "lara")
     assert default_out("smoke", cfg).name.endswith("-seed0-imitation32")
-    # ... and so is its teacher, when it is not LARA; an unknown one is refused by name.
-    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32",
-                              "--imitation-teacher", "lara_oracle"])
-    assert train_argv(args)[-2:] == ["--imitation-teacher", "lara_oracle"]
-    assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0-imitation32-lara_oracle")
+    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "0"])
+    assert scheduler_config(args).imitation_episodes == 0
+    assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0")
+    # An unknown teacher is refused by name.
     args.imitation_teacher = "coin"
     with pytest.raises(ValueError, match="unknown imitation_teacher 'coin'"):
         scheduler_config(args)
