@@ -92,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     env_cfg = training_env(cfg, args.profile, bank)
     out = Path(args.out) if args.out else default_out(args.profile, cfg)
     policy = train(cfg, env_cfg, out, run_name=args.run_name or out.name, fresh=args.fresh)
-    print(f"policy exported: {policy}")
+    print(f"policy: {policy}")
 
 
 def cmd_submit(args: argparse.Namespace) -> None:

@@ -370,7 +370,7 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
                          "use --fresh or another --out")
     policy = out_dir / "policy"
     if state.get("iteration", -1) >= cfg.iterations and (policy / POLICY_SPEC).exists():
-        print(f"{out_dir} is trained (iteration {state['iteration']}): nothing to do; policy: {policy}")
+        print(f"{out_dir} is trained to iteration {state['iteration']}: nothing to do")
         return policy
 
     with torch_threads(cfg.torch_threads):
