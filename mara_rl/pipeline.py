@@ -112,7 +112,7 @@ def run_stages(stages: list[Stage], progress: bool = True) -> None:
 
 
 def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> Stage:
-    from mara_rl.train_scheduler import SchedulerConfig
+    from mara_rl.train_scheduler import POLICY_SPEC, SchedulerConfig, policy_dir
 
     # fm_path only for FM variants: a WLS run's config then matches `mara train-scheduler`'s.
     cfg = section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
@@ -125,7 +125,7 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
 
         train(cfg, training_env(cfg, profile, paths.bank), out, run_name=out.name)
 
-    return Stage(f"scheduler {variant.name} seed {seed}", out / "policy" / "policy.json", run)
+    return Stage(f"scheduler {variant.name} seed {seed}", policy_dir(out) / POLICY_SPEC, run)
 
 
 def trained_policies(profile: str, paths: Paths) -> dict[tuple[str, int], Path]:

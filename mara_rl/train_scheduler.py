@@ -327,6 +327,11 @@ def _state_path(out_dir: Path) -> Path:
     return out_dir / "state.json"
 
 
+def policy_dir(out_dir: Path) -> Path:
+    """Where a training run in `out_dir` exports its policy (`load_policy` reads it)."""
+    return out_dir / "policy"
+
+
 def _comparable(cfg: SchedulerConfig, env_cfg: EnvConfig) -> dict[str, Any]:
     """What must match for a resume to continue the same experiment."""
     scheduler = {k: v for k, v in asdict(cfg).items() if k not in RESUMABLE_CHANGES}
@@ -368,7 +373,7 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
     if changed:
         raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
                          "use --fresh or another --out")
-    policy = out_dir / "policy"
+    policy = policy_dir(out_dir)
     if state.get("iteration", -1) >= cfg.iterations and (policy / POLICY_SPEC).exists():
         print(f"{out_dir} is trained to iteration {state['iteration']}: nothing to do")
         return policy
@@ -444,7 +449,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
                     shutil.rmtree(stale)
             print(f"iteration {it}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
                   flush=True)
-        policy = out_dir / "policy"
+        policy = policy_dir(out_dir)
         if best is not None:
             shutil.rmtree(policy, ignore_errors=True)
             shutil.copytree(_best_policy_dir(out_dir, best["iteration"]), policy)
