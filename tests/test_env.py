@@ -4,8 +4,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import mara_env
-from mara_env.env import MultiNodeEnv
-from mara_env.workload import true_demand
+from mara_env.env import MultiNodeEnv, load_curves
+from mara_env.workload import WorkloadConfig, sample_episode, slack, true_demand
 
 
 def make(smoke_bank, **kw):
@@ -139,3 +139,17 @@ def test_training_bursts_put_doomed_tasks_before_short_ones(smoke_bank):
         assert (ep.deadline[short] - ep.arrival[short] >= demand[short]).all()  # and are feasible alone
     with pytest.raises(ValueError, match="burst_prob"):
         make(smoke_bank, burst_prob=2.0)
+
+
+def test_fit_horizon_sizes_late_arrivals_to_the_time_left(smoke_bank):
+    """With exact thresholds and windows ≥ demand, every task fits unless clipping cuts it off."""
+    curves = load_curves(smoke_bank, "id", "train")
+    exact = dict(unreachable_frac=0.0, eps_jitter=0.0, window_lo=1.1, window_hi=1.8)
+    feasible = {}
+    for fit in (False, True):
+        rng = np.random.default_rng(0)
+        episodes = [sample_episode(curves, 500, 0.04, WorkloadConfig(fit_horizon=fit, **exact), rng)
+                    for _ in range(10)]
+        feasible[fit] = np.concatenate([slack(ep, curves) >= 0 for ep in episodes])
+    assert feasible[True].all()
+    assert feasible[False].mean() < 0.9  # late long tasks cannot finish before the horizon
