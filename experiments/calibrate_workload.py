@@ -26,7 +26,7 @@ import numpy as np
 
 from mara_env.env import DEFAULT_BANK, EnvConfig, load_curves
 from mara_env.workload import WorkloadConfig, sample_episode
-from mara_rl.evaluate import builtin_methods, evaluate_method
+from mara_rl.evaluate import Method, builtin_methods, evaluate_method
 
 COLUMNS = {"fifo": "FIFO", "edf": "EDF", "lara": "LARA", "lara_fm": "LARA-FM", "lara_oracle": "LARA true",
            "oracle": "Oracle"}
@@ -49,17 +49,15 @@ class Grid:
 
 
 def scan(workloads: list[WorkloadConfig], bank: Path, load: float, episodes: int, seed: int,
-         fm: Path | None) -> list[dict]:
+         methods: dict[str, Method]) -> list[dict]:
     curves = load_curves(bank, "id", "val")
-    methods = builtin_methods(str(fm) if fm else None)
-    names = [m for m in COLUMNS if m in methods]
     rows = []
     for wl in workloads:
         cfg = EnvConfig(split="val", arrival_prob=load, workload=wl, bank=str(bank))
         rng = np.random.default_rng(seed)
         sampled = [[sample_episode(curves, cfg.horizon, load, wl, rng) for _ in range(episodes)]]
         row: dict = {"workload": wl}
-        for name in names:
+        for name in methods:
             out = evaluate_method(methods[name], cfg, sampled)
             row[name] = 100 * float(np.mean(out["per_root"][0]))
             if name == "edf":
@@ -105,11 +103,14 @@ def main() -> None:
     parser.add_argument("--fm", type=Path, help="trained FM predictor folder: adds LARA-FM")
     parser.add_argument("--out", type=Path, help="folder for calibration.md")
     args = parser.parse_args()
-    names = [m for m in COLUMNS if m != "lara_fm" or args.fm]
+    available = builtin_methods(str(args.fm) if args.fm else None)
+    methods = {m: available[m] for m in COLUMNS if m in available}  # lara_fm only with --fm
+    names = list(methods)
     print(header(names))
-    rows = scan(Grid().workloads(), args.bank, args.load, args.episodes, args.seed, args.fm)
+    grid = Grid()
+    rows = scan(grid.workloads(), args.bank, args.load, args.episodes, args.seed, methods)
     summary = f"\nID val, p = {args.load}, {args.episodes} episodes per setting." + "".join(
-        band_summary([r for r in rows if r["workload"].fit_horizon == fit], fit) for fit in Grid().fit_horizon)
+        band_summary([r for r in rows if r["workload"].fit_horizon == fit], fit) for fit in grid.fit_horizon)
     print(summary)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
