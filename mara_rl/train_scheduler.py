@@ -43,6 +43,7 @@ from mara_fm.fm_predictor import torch_threads
 from mara_fm.predictors import predictor_digest
 from mara_fm.profile import section_config
 from mara_fm.tracking import mlflow_run
+from mara_rl.anchored_ppo import ANCHOR_KL
 from mara_rl.mat_module import MATConfig, MATModule
 
 EXPERIMENT = "mara-scheduler"
@@ -88,6 +89,8 @@ class SchedulerConfig:
     imitation_teacher: str = "lara"
     imitation_epochs: int = 20
     imitation_lr: float = 1e-3
+    # KL anchor to the imitated policy during PPO (mara_rl.anchored_ppo; 0 = plain PPO).
+    anchor_coeff: float = 0.0
     # Network (MATConfig).
     embed_dim: int = 64
     n_heads: int = 1
@@ -113,6 +116,11 @@ class SchedulerConfig:
         from mara_rl.imitation import check_teacher
 
         check_teacher(self.imitation_teacher)
+        if self.anchor_coeff < 0:
+            raise ValueError(f"anchor_coeff must be >= 0, got {self.anchor_coeff}")
+        if self.anchor_coeff > 0 and self.imitation_episodes <= 0:
+            raise ValueError("anchor_coeff > 0 anchors PPO to the warm-started policy: "
+                             "it needs imitation_episodes > 0")
 
     def mat_config(self) -> MATConfig:
         return MATConfig(self.embed_dim, self.n_heads, self.n_blocks, self.ff_dim, self.work_conserving)
@@ -253,9 +261,16 @@ def selection_key(scores: dict[str, float]) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- training
-def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
+def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path | None = None) -> Any:
+    """RLlib's PPO config for this run; `out_dir` holds the anchor's reference policy."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
+    from mara_rl.anchored_ppo import AnchoredPPOTorchLearner
+
+    if cfg.anchor_coeff > 0 and out_dir is None:
+        raise ValueError("anchor_coeff > 0 needs the run folder that holds the warm-start policy")
+    anchor = {"anchor_coeff": cfg.anchor_coeff,
+              "anchor_policy": str(warm_start_dir(out_dir)) if out_dir is not None else ""}
     return (
         PPOConfig()
         .environment(ENV_ID, env_config=asdict(env_cfg))
@@ -263,20 +278,21 @@ def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
                      num_envs_per_env_runner=cfg.num_envs_per_env_runner,
                      gym_env_vectorize_mode="vector_entry_point" if cfg.pool_predictions else "sync",
                      sample_timeout_s=cfg.sample_timeout_s)
-        .learners(num_learners=0)
+        .learners(num_learners=0, learner_config_dict=anchor)
         .training(gamma=cfg.gamma, lambda_=cfg.gae_lambda, clip_param=cfg.clip_param,
                   entropy_coeff=cfg.entropy_coeff, vf_loss_coeff=cfg.vf_loss_coeff,
                   vf_clip_param=cfg.vf_clip_param, use_kl_loss=cfg.kl_coeff > 0,
                   kl_coeff=cfg.kl_coeff, grad_clip=cfg.grad_clip, lr=cfg.lr,
                   num_epochs=cfg.num_epochs, minibatch_size=cfg.minibatch_size,
-                  train_batch_size_per_learner=cfg.train_batch_size)
+                  train_batch_size_per_learner=cfg.train_batch_size,
+                  learner_class=AnchoredPPOTorchLearner)
         .rl_module(rl_module_spec=module_spec(env_cfg, cfg.mat_config()))
         .callbacks(EpisodeMetrics)
         .debugging(seed=cfg.seed)
     )
 
 
-def build_algorithm(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
+def build_algorithm(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path | None = None) -> Any:
     """RLlib's PPO for this run, on the Ray already connected or a new local one."""
     import ray
     from ray.tune.registry import register_env
@@ -284,12 +300,14 @@ def build_algorithm(cfg: SchedulerConfig, env_cfg: EnvConfig) -> Any:
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
     register_env(ENV_ID, make_env)
-    return ppo_config(cfg, env_cfg).build_algo()
+    return ppo_config(cfg, env_cfg, out_dir).build_algo()
 
 
-def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvConfig) -> dict[str, float]:
-    """Imitation before PPO: fit `module` to the teacher, then load it into the learner and
-    every env runner. Returns how close it was to the teacher before and after."""
+def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvConfig,
+               out_dir: Path) -> dict[str, float]:
+    """Imitation before PPO: fit `module` to the teacher, export it (the anchor's reference),
+    then load it into the learner and every env runner. Returns how close it was to the
+    teacher before and after."""
     from mara_rl.imitation import demonstrations, imitate, score
 
     demos = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes,
@@ -297,6 +315,7 @@ def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvC
     before = score(module, demos)
     imitate(module, demos, cfg.imitation_epochs, cfg.imitation_lr, cfg.seed)
     after = score(module, demos)
+    export_policy(module, warm_start_dir(out_dir), str(env_cfg.predictor))
     algo.learner_group.set_weights({DEFAULT_MODULE_ID: module.get_state()})
     algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group,
                                        inference_only=True, timeout_seconds=120.0)
@@ -317,6 +336,7 @@ def iteration_metrics(result: dict[str, Any], seconds: float, steps: float) -> d
         "vf_explained_var": learner.get("vf_explained_var"),
         "entropy": learner.get("entropy"),
         "kl": learner.get("mean_kl_loss"),
+        "anchor_kl": learner.get(ANCHOR_KL),
         "env_steps_per_s": steps / seconds if seconds > 0 else None,
         "iteration_seconds": seconds,
     }
@@ -325,6 +345,11 @@ def iteration_metrics(result: dict[str, Any], seconds: float, steps: float) -> d
 
 def _state_path(out_dir: Path) -> Path:
     return out_dir / "state.json"
+
+
+def warm_start_dir(out_dir: Path) -> Path:
+    """Where a warm-started run keeps its imitated policy (PPO's anchor, mara_rl.anchored_ppo)."""
+    return out_dir / "warm_start_policy"
 
 
 def policy_dir(out_dir: Path) -> Path:
@@ -392,7 +417,7 @@ def _best_policy_dir(out_dir: Path, iteration: int) -> Path:
 def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: dict[str, Any],
                 run_name: str | None, digest: str) -> Path:
     torch.manual_seed(cfg.seed)
-    algo = build_algorithm(cfg, env_cfg)
+    algo = build_algorithm(cfg, env_cfg, out_dir)
     checkpoint = out_dir / "checkpoint"
     if state and checkpoint.exists():
         algo.restore_from_path(str(checkpoint))
@@ -423,7 +448,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             if cfg.imitation_episodes > 0:
                 # The warm-started policy is itself a candidate for export (iteration 0):
                 # PPO's first iterations can undo part of what imitation taught.
-                warm = warm_start(algo, evaluator, cfg, env_cfg)
+                warm = warm_start(algo, evaluator, cfg, env_cfg, out_dir)
                 if cfg.eval_every > 0:
                     warm.update(validate(0))
                 mlflow.log_metrics(warm, step=0)

@@ -11,12 +11,16 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
 
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_fm.profile import section_config
+from mara_rl.anchored_ppo import ANCHOR_KL
 from mara_rl.evaluate import EvalConfig, evaluate, learned
-from mara_rl.mat_module import MATConfig
+from mara_rl.imitation import demonstrations
+from mara_rl.mat_module import MATConfig, MATModule
 from mara_rl.scheduler_commands import (
     add_train_arguments,
     default_out,
@@ -35,6 +39,7 @@ from mara_rl.train_scheduler import (
     selection_key,
     train,
     warm_start,
+    warm_start_dir,
 )
 
 
@@ -162,16 +167,19 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
 
 
 def test_warm_start_loads_the_imitated_policy_into_learner_and_env_runners(
-        smoke_bank: Path, ray_local: None) -> None:
+        smoke_bank: Path, ray_local: None, tmp_path: Path) -> None:
     cfg = section_config(SchedulerConfig, "smoke", "scheduler", num_env_runners=1,
                          imitation_episodes=1, imitation_epochs=3)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
     algo = build_algorithm(cfg, env_cfg)
     try:
         module = module_spec(env_cfg, cfg.mat_config()).build()
-        metrics = warm_start(algo, module, cfg, env_cfg)
+        metrics = warm_start(algo, module, cfg, env_cfg, tmp_path)
         assert metrics["imitation_node_agreement"] > metrics["imitation_node_agreement_before"]
         expected = {k: v.numpy() for k, v in module.state_dict().items()}
+        exported = load_policy(warm_start_dir(tmp_path)).state_dict()
+        for key, value in exported.items():  # the anchor's reference is the imitated policy
+            np.testing.assert_allclose(value.numpy(), expected[key], err_msg=key)
         learner = algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID]
         runners = algo.env_runner_group.foreach_env_runner(lambda r: r.module.get_state(), local_env_runner=False)
         assert len(runners) == 1
@@ -181,3 +189,45 @@ def test_warm_start_loads_the_imitated_policy_into_learner_and_env_runners(
                 np.testing.assert_allclose(np.asarray(value), expected[key], err_msg=key)
     finally:
         algo.stop()
+
+
+def _kl_to(module: MATModule, reference: MATModule, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> float:
+    """Mean over states of Σ_nodes KL(reference ‖ module), on the reference's teacher-forced pass."""
+    def log_probs(m: MATModule) -> torch.Tensor:
+        logits = m.forward_train({Columns.OBS: obs, Columns.ACTIONS: actions})[Columns.ACTION_DIST_INPUTS]
+        return torch.log_softmax(logits.view(len(actions), m.n_nodes, -1), -1)
+
+    with torch.no_grad():
+        ref = log_probs(reference)
+        return float((ref.exp() * (ref - log_probs(module))).sum((-1, -2)).mean())
+
+
+def test_anchor_holds_ppo_near_the_warm_started_policy(smoke_bank: Path, ray_local: None,
+                                                       tmp_path: Path) -> None:
+    """The same PPO iterations from the same warm start move the policy less with the KL anchor."""
+    env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
+    demos = demonstrations(env_cfg, "lara", episodes=2, seed=7)
+    distance, reported = {}, {}
+    for coeff in (0.0, 30.0):
+        cfg = section_config(SchedulerConfig, "smoke", "scheduler", imitation_episodes=2, imitation_epochs=5,
+                             imitation_teacher="lara", anchor_coeff=coeff, lr=3e-3, num_epochs=4)
+        out = tmp_path / f"anchor{coeff:g}"
+        torch.manual_seed(0)
+        algo = build_algorithm(cfg, env_cfg, out)
+        try:
+            warm_start(algo, module_spec(env_cfg, cfg.mat_config()).build(), cfg, env_cfg, out)
+            for _ in range(3):
+                result = algo.train()
+            reported[coeff] = result["learners"][DEFAULT_MODULE_ID].get(ANCHOR_KL)
+            trained = module_spec(env_cfg, cfg.mat_config()).build()
+            trained.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
+        finally:
+            algo.stop()
+        distance[coeff] = _kl_to(trained, load_policy(warm_start_dir(out)), demos.obs, demos.actions)
+    assert reported[0.0] is None and reported[30.0] is not None and np.isfinite(reported[30.0])
+    assert distance[30.0] < 0.5 * distance[0.0], distance
+
+
+def test_anchor_needs_a_warm_start() -> None:
+    with pytest.raises(ValueError, match="needs imitation_episodes > 0"):
+        SchedulerConfig(anchor_coeff=0.5, imitation_episodes=0)
