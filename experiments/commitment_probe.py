@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 
 from mara_env.allocators import LARA
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import replay_in_lockstep
-from mara_fm.build_bank import default_bank_path
-from mara_fm.profile import PROJECT_ROOT, section_config
+from mara_fm.profile import section_config
 from mara_rl.evaluate import frozen_episodes
+from mara_rl.pipeline import Paths
 
 
 @dataclasses.dataclass
@@ -68,8 +67,8 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.04)
     args = parser.parse_args()
 
-    bank = default_bank_path(args.profile)
-    fm = PROJECT_ROOT / "artifacts" / "predictor" / Path(args.profile).stem / "predictor"
+    paths = Paths(args.profile)
+    bank, fm = paths.bank, paths.fm
     cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="val", arrival_prob=args.load,
                          predictor=args.predictor or f"fm:{fm.resolve()}")
     episodes = [e for root in range(args.roots)

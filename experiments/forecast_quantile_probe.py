@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 
 from mara_env.env import EnvConfig
 from mara_env.vector import replay_in_lockstep
-from mara_fm.build_bank import default_bank_path
 from mara_fm.fm_predictor import FMPredictor, crossing_batches
 from mara_fm.predictors import HistoryBatch
-from mara_fm.profile import PROJECT_ROOT, section_config
+from mara_fm.profile import section_config
 from mara_rl.evaluate import classic, frozen_episodes
+from mara_rl.pipeline import Paths
 
 
 class CrossingStatisticFM(FMPredictor):
@@ -52,8 +51,8 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.04)
     args = parser.parse_args()
 
-    bank = default_bank_path(args.profile)
-    fm = FMPredictor.load(PROJECT_ROOT / "artifacts" / "predictor" / Path(args.profile).stem / "predictor")
+    paths = Paths(args.profile)
+    bank, fm = paths.bank, FMPredictor.load(paths.fm)
     cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="val", arrival_prob=args.load)
     episodes = [e for root in range(args.roots)
                 for e in frozen_episodes(bank, "id", "val", args.load, root, args.episodes_per_root,
