@@ -5,7 +5,9 @@ of their threshold crossings (DESIGN §5.1); LARA-FM and the MAT see that one
 number. Here LARA runs on the frozen ID validation episodes with the env's
 predictor replaced by the same model reporting another order statistic (or
 the mean) of the M crossings, to measure how much the spread of the samples
-could tell a scheduler. The code's predictor is not changed.
+could tell a scheduler. (The default profile acts on this finding: its env
+shows the 2nd smallest crossing as a 5th slot feature, `optimistic_quantile`,
+and MARA's warm start imitates LARA planning on it.)
 
     python experiments/forecast_quantile_probe.py --profile default --stats median,0,1,2,mean,5
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 from mara_env.env import EnvConfig
 from mara_env.vector import replay_in_lockstep
-from mara_fm.fm_predictor import FMPredictor, crossing_batches
+from mara_fm.fm_predictor import FMPredictor
 from mara_fm.predictors import HistoryBatch
 from mara_fm.profile import section_config
 from mara_rl.evaluate import classic, frozen_episodes
@@ -36,8 +38,7 @@ class CrossingStatisticFM(FMPredictor):
     def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
         if self.statistic == "median":
             return super()._predict(hist, eps, horizon)
-        _, paths = self.forecast(hist, horizon)
-        ordered = np.sort(crossing_batches(paths, eps, horizon), axis=1)
+        ordered = self.sorted_crossings(hist, eps, horizon)
         return ordered.mean(1) if self.statistic == "mean" else ordered[:, int(self.statistic)]
 
 

@@ -14,14 +14,15 @@ mask. The policies are otherwise unchanged.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import default_bank_path
 from mara_fm.profile import section_config
 from mara_rl.cli import parse_policies
-from mara_rl.evaluate import EvalConfig, Method, evaluate, markdown_table
-from mara_rl.train_scheduler import act, load_policy, policy_predictor
+from mara_rl.evaluate import EvalConfig, Method, evaluate, learned, markdown_table
+from mara_rl.train_scheduler import act, load_policy
 
 
 def work_conserving(name: str, policy_dir: str) -> Method:
@@ -30,7 +31,7 @@ def work_conserving(name: str, policy_dir: str) -> Method:
         module.cfg.work_conserving = True
         return lambda obs, envs: act(module, obs)
 
-    return Method(f"{name}+wc", policy_predictor(policy_dir), make)
+    return dataclasses.replace(learned(name, policy_dir), name=f"{name}+wc", make=make)
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ from mara_fm.profile import PROJECT_ROOT
 DEFAULT_BANK = PROJECT_ROOT / "data" / "banks" / "default.parquet"
 
 PENDING, ACTIVE, WAITING, SUCCEEDED, EXPIRED, REJECTED = range(6)
+BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-up fraction
 
 
 @dataclass
@@ -55,6 +56,11 @@ class EnvConfig:
     # pattern, see `BurstConfig`); for training. Frozen evaluation episodes never do.
     burst_prob: float = 0.0
     burst: BurstConfig = field(default_factory=BurstConfig)
+    # An addition to DESIGN §3: with q set, each slot also shows the predictor's
+    # optimistic estimate, the q-quantile of its own spread (FM: an order statistic
+    # of its M sampled crossings; WLS and the oracle: the estimate itself), and
+    # allocators see it as `SlotView.optimistic`. None: the four features of DESIGN.
+    optimistic_quantile: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.workload, dict):
@@ -72,6 +78,9 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.arrival_prob must be in [0, 1], got {self.arrival_prob}")
         if self.beta < 0:
             raise ValueError(f"EnvConfig.beta must be >= 0, got {self.beta}")
+        if self.optimistic_quantile is not None and not 0.0 <= self.optimistic_quantile <= 0.5:
+            raise ValueError(f"EnvConfig.optimistic_quantile must be in [0, 0.5] or None, "
+                             f"got {self.optimistic_quantile}")
 
     @classmethod
     def from_overrides(cls, **overrides: Any) -> EnvConfig:
@@ -85,6 +94,10 @@ class EnvConfig:
     @property
     def bank_path(self) -> Path:
         return Path(self.bank) if self.bank else DEFAULT_BANK
+
+    @property
+    def slot_features(self) -> int:
+        return BASE_SLOT_FEATURES + (self.optimistic_quantile is not None)
 
 
 @functools.lru_cache(maxsize=16)
@@ -100,10 +113,11 @@ def load_curves(bank: str | Path, task_set: str, split: str) -> CurveSet:
     return _curves(str(path), path.stat().st_mtime, task_set, split)
 
 
-def make_spaces(n_nodes: int, n_slots: int) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
-    """Observation and action spaces of an env with N nodes and K slots."""
+def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATURES,
+                ) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
+    """Observation and action spaces of an env with N nodes, K slots and F features per slot."""
     obs = spaces.Dict({
-        "slots": spaces.Box(0.0, 1.0, (n_slots, 4), np.float32),
+        "slots": spaces.Box(0.0, 1.0, (n_slots, slot_features), np.float32),
         "globals": spaces.Box(0.0, 1.0, (4,), np.float32),
         "slot_mask": spaces.Box(0, 1, (n_slots,), np.int8),
     })
@@ -126,7 +140,8 @@ class MultiNodeEnv(gym.Env):
 
     Action: `MultiDiscrete([K+1]*N)`, per node 0 = idle, j = slot j−1.
     Observation: per-slot features [present, predicted remaining batches / cap,
-    time to deadline / cap, warm-up fraction], globals [busy nodes / N, active
+    time to deadline / cap, warm-up fraction, (optimistic remaining / cap, with
+    `optimistic_quantile`)], globals [busy nodes / N, active
     / K, waiting / Q, t / T] and the slot mask. The elapsed-time feature is an
     addition to DESIGN §3: with γ = 1 and a fixed horizon the value of a state
     depends on the time left, which the counts alone do not reveal.
@@ -145,7 +160,8 @@ class MultiNodeEnv(gym.Env):
                           if wl.threshold_source == "family" else None)
         self.predictor = make_predictor(config.predictor)
         self.cap = self.curves.cap
-        self.observation_space, self.action_space = make_spaces(config.n_nodes, config.n_slots)
+        self.observation_space, self.action_space = make_spaces(config.n_nodes, config.n_slots,
+                                                                config.slot_features)
         self.episode: Episode | None = None
 
     # ------------------------------------------------------------------ episode
@@ -176,13 +192,15 @@ class MultiNodeEnv(gym.Env):
         self.n_obs = np.zeros(m, np.int64)
         self.status = np.full(m, PENDING, np.int8)
         self.pred = np.full(m, float(self.cap))
+        self.pred_low = np.full(m, float(self.cap))  # the optimistic estimate, if the env shows one
         self.ready_step = np.full(m, -1, np.int64)
         self.q = np.zeros(m)  # progress q_k, 0 until the first observation
         # Per-task slot features; only a served task's change, plus the clock (column 2).
-        self.task_feat = np.zeros((m, 4), np.float32)
+        self.task_feat = np.zeros((m, self.cfg.slot_features), np.float32)
         self.task_feat[:, 0] = 1.0
         self.task_feat[:, 1] = 1.0  # the remaining cap, normalised
         self.task_feat[:, 2] = self.deadline / self.cap
+        self.task_feat[:, BASE_SLOT_FEATURES:] = 1.0  # the optimistic estimate starts at the cap too
         self.slot_task = np.full(self.cfg.n_slots, -1, np.int64)
         self.queue: deque[int] = deque()
         self.next_arrival = 0
@@ -220,7 +238,8 @@ class MultiNodeEnv(gym.Env):
         reward, terminated, info = self.advance(action)
         query = self.prediction_query()
         if len(query[0]):
-            self.store_predictions(self.predictor.replay_remaining(self.curves, *query))
+            self.store_predictions(self.predictor.replay_remaining(self.curves, *query,
+                                                                   self.cfg.optimistic_quantile))
         return self.observation(), reward, terminated, False, info
 
     def advance(self, action) -> tuple[float, bool, dict]:
@@ -330,8 +349,13 @@ class MultiNodeEnv(gym.Env):
         return self.task_rows[self.stale], n, self.eps[self.stale], (self.cap - n).astype(np.float64)
 
     def store_predictions(self, remaining: np.ndarray) -> None:
-        """Take the predictor's answers to `prediction_query()`."""
+        """Take the predictor's answers to `prediction_query()`: (n,), or (n, 2) with the
+        optimistic estimate when the env shows it."""
         tasks = self.stale
+        if remaining.ndim == 2:
+            remaining, low = remaining[:, 0], remaining[:, 1]
+            self.pred_low[tasks] = low
+            self.task_feat[tasks, BASE_SLOT_FEATURES] = np.minimum(low / self.cap, 1.0)
         self.pred[tasks] = remaining
         self.task_feat[tasks, 1] = np.minimum(remaining / self.cap, 1.0)
         self.task_feat[tasks, 3] = np.minimum(self.n_obs[tasks], WARMUP_POINTS) / WARMUP_POINTS
@@ -344,7 +368,7 @@ class MultiNodeEnv(gym.Env):
         tasks = self.slot_task[mask]
         feat = self.task_feat[tasks]
         feat[:, 2] = np.maximum(feat[:, 2] - self.t / self.cap, 0.0)  # time to deadline, <= 1 already
-        slots = np.zeros((k, 4), np.float32)
+        slots = np.zeros((k, self.cfg.slot_features), np.float32)
         slots[mask] = feat
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,
                          len(self.queue) / max(self.cfg.queue_size, 1),
@@ -390,6 +414,8 @@ class MultiNodeEnv(gym.Env):
             deadline=np.where(present, self.deadline[t], 0),
             observed=np.where(present, self.n_obs[t], 0),
             predicted=np.where(present, self.pred[t], 0.0), n_nodes=self.cfg.n_nodes,
+            optimistic=(np.where(present, self.pred_low[t], 0.0)
+                        if self.cfg.optimistic_quantile is not None else None),
         )
 
 
@@ -404,6 +430,7 @@ class SlotView:
     observed: np.ndarray
     predicted: np.ndarray
     n_nodes: int
+    optimistic: np.ndarray | None = None  # with EnvConfig.optimistic_quantile only
 
 
 def sample_episodes(config: EnvConfig, count: int, seed: int) -> list[Episode]:

@@ -67,13 +67,15 @@ class PooledVectorEnv(SyncVectorEnv):
 
 
 def answer_queries(envs: list[MultiNodeEnv], predictor: Predictor) -> None:
-    """One predictor call for the prediction queries of every env (they share a curve set)."""
+    """One predictor call for the prediction queries of every env (they share a curve set
+    and a config)."""
     queries = [env.prediction_query() for env in envs]
     sizes = [len(q[0]) for q in queries]
     if not sum(sizes):
         return
     rows, lengths, eps, horizon = (np.concatenate(parts) for parts in zip(*queries, strict=True))
-    answers = predictor.replay_remaining(envs[0].curves, rows, lengths, eps, horizon)
+    answers = predictor.replay_remaining(envs[0].curves, rows, lengths, eps, horizon,
+                                         envs[0].cfg.optimistic_quantile)
     for env, part in zip(envs, np.split(answers, np.cumsum(sizes)[:-1]), strict=True):
         env.store_predictions(part)
 

@@ -36,7 +36,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank))
     eval_cfg = section_config(EvalConfig, args.profile, "evaluation", roots=args.roots,
                               episodes_per_root=args.episodes, split=args.split)
-    available = builtin_methods(args.fm)
+    available = builtin_methods(args.fm, env_cfg.optimistic_quantile)
     names = list(dict.fromkeys(_csv(args.methods)))
     for (name, seed), path in parse_policies(args.policies).items():
         key = name if seed is None else f"{name}@{seed}"
@@ -108,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default="default")
     p.add_argument("--bank")
-    p.add_argument("--fm", help="exported FM predictor (enables lara_fm)")
+    p.add_argument("--fm", help="exported FM predictor (enables lara_fm, and lara_fm_optimistic "
+                   "when the profile sets [env] optimistic_quantile)")
     p.add_argument("--policies", help="learned methods as NAME[@SEED]=POLICY_DIR,... "
-                   "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0-imitation32/policy)")
+                   "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0-imitation32-lara_optimistic/policy)")
     p.add_argument("--roots", type=int)
     p.add_argument("--episodes", type=int, help="episodes per evaluation root")
     p.add_argument("--no-mlflow", action="store_true")

@@ -70,6 +70,7 @@ class Method:
     predictor: str
     make: Callable[[], BatchDecide] | None  # None: the Oracle bound, not simulated
     seed: int | None = None  # scheduler training seed; None for methods that are not trained
+    optimistic_quantile: float | None = None  # the env option of that name the method runs with
 
 
 def classic(name: str) -> Callable[[], BatchDecide]:
@@ -86,16 +87,19 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
     Several policies may share `name` with different training `seed`s: their
     records then differ only in `Record.seed`, so seeds are paired by value.
     """
-    from mara_rl.train_scheduler import act, load_policy, policy_predictor
+    from mara_rl.train_scheduler import act, load_policy, policy_env
 
     def make() -> BatchDecide:
         module = load_policy(policy_dir)
         return lambda obs, envs: act(module, obs)
 
-    return Method(name, policy_predictor(policy_dir), make, seed)
+    trained_in = policy_env(policy_dir)
+    return Method(name, trained_in["predictor"], make, seed, trained_in["optimistic_quantile"])
 
 
-def builtin_methods(fm_path: str | None = None) -> dict[str, Method]:
+def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | None = None) -> dict[str, Method]:
+    """The non-learned methods; `lara_fm` with an FM predictor, `lara_fm_optimistic` with
+    that and an optimistic quantile (the profile's `[env] optimistic_quantile`)."""
     methods = {
         "fifo": Method("fifo", "wls", classic("fifo")),
         "edf": Method("edf", "wls", classic("edf")),
@@ -106,6 +110,10 @@ def builtin_methods(fm_path: str | None = None) -> dict[str, Method]:
     }
     if fm_path:
         methods["lara_fm"] = Method("lara_fm", f"fm:{fm_path}", classic("lara"))
+    if fm_path and optimistic_quantile is not None:
+        # LARA-FM planning on the optimistic quantile of FM's samples: MARA's imitation teacher.
+        methods["lara_fm_optimistic"] = Method("lara_fm_optimistic", f"fm:{fm_path}", classic("lara_optimistic"),
+                                               optimistic_quantile=optimistic_quantile)
     return methods
 
 
@@ -165,7 +173,8 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
             per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
             tasks += [len(e) for e in root_eps]
         return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
-    cfg = EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor, "strict": True})
+    cfg = EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor,
+                       "optimistic_quantile": method.optimistic_quantile, "strict": True})
     flat = [ep for root_eps in episodes for ep in root_eps]
     outs = replay_in_lockstep(cfg, flat, method.make())
     completion = completion_by_slack(flat, [out["succeeded"] for out in outs],

@@ -28,7 +28,7 @@ from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
 if TYPE_CHECKING:
     from mara_rl.train_scheduler import SchedulerConfig
 
-CLASSIC = ("lara", "lara_fm", "fifo", "edf", "oracle")
+CLASSIC = ("lara", "lara_fm", "lara_fm_optimistic", "fifo", "edf", "oracle")
 
 
 @dataclass(frozen=True)
@@ -146,10 +146,11 @@ def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
         out = paths.evaluation / name
 
         def go() -> None:
-            available = builtin_methods(str(paths.fm.resolve()))
+            env_cfg = section_config(EnvConfig, profile, "env")
+            available = builtin_methods(str(paths.fm.resolve()), env_cfg.optimistic_quantile)
             methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items()]
-            methods += [available[m] for m in CLASSIC]
-            evaluate(methods, task_sets, loads, paths.bank, section_config(EnvConfig, profile, "env"),
+            methods += [available[m] for m in CLASSIC if m in available]
+            evaluate(methods, task_sets, loads, paths.bank, env_cfg,
                      section_config(EvalConfig, profile, "evaluation"), scenario=scenario, out_dir=out)
 
         return Stage(f"evaluate {name}", out / "results.json", go)

@@ -175,18 +175,20 @@ class EpisodeMetrics(RLlibCallback):
 
 
 def module_spec(env_cfg: EnvConfig, mat: MATConfig) -> RLModuleSpec:
-    obs, act = make_spaces(env_cfg.n_nodes, env_cfg.n_slots)
+    obs, act = make_spaces(env_cfg.n_nodes, env_cfg.n_slots, env_cfg.slot_features)
     return RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act,
                         model_config=asdict(mat))
 
 
 # ---------------------------------------------------------------- policy export / use
-def export_policy(module: MATModule, path: Path, predictor: str) -> Path:
-    """Weights + sizes + the predictor it was trained with (spec and content digest);
-    loads without an Algorithm."""
+def export_policy(module: MATModule, path: Path, env_cfg: EnvConfig) -> Path:
+    """Weights + sizes + the env it was trained in (predictor spec and content digest,
+    observation layout); loads without an Algorithm."""
     path.mkdir(parents=True, exist_ok=True)
+    predictor = str(env_cfg.predictor)
     spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg),
-            "predictor": predictor, "predictor_digest": predictor_digest(predictor)}
+            "predictor": predictor, "predictor_digest": predictor_digest(predictor),
+            "optimistic_quantile": env_cfg.optimistic_quantile}
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
@@ -200,15 +202,17 @@ def load_policy(path: str | Path) -> MATModule:
             raise FileNotFoundError(f"{path / name}: exported policy file missing "
                                     "(train one with `mara train-scheduler`)")
     spec = json.loads((path / POLICY_SPEC).read_text())
-    obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"])
+    layout = EnvConfig(optimistic_quantile=spec.get("optimistic_quantile"))  # absent: exported before it existed
+    obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"], layout.slot_features)
     module = RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                           model_config=spec["model_config"]).build()
     module.load_state_dict(torch.load(path / POLICY_WEIGHTS, map_location="cpu", weights_only=True))
     return module.eval()
 
 
-def policy_predictor(path: str | Path) -> str:
-    """The predictor spec an exported policy was trained with (the env must run the same).
+def policy_env(path: str | Path) -> dict[str, Any]:
+    """The env settings an exported policy was trained with, which the env it runs in
+    must share: `predictor` (spec) and `optimistic_quantile` (observation layout).
 
     Raises if the predictor's files have changed since (policies exported before
     digests were recorded are not checked).
@@ -221,7 +225,7 @@ def policy_predictor(path: str | Path) -> str:
     if trained_with is not None and predictor_digest(predictor) != trained_with:
         raise ValueError(f"{path}: the predictor {predictor} has changed since this policy was trained "
                          "(its files no longer match); retrain the policy or restore that predictor")
-    return predictor
+    return {"predictor": predictor, "optimistic_quantile": spec.get("optimistic_quantile")}
 
 
 def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -315,7 +319,7 @@ def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvC
     before = score(module, demos)
     imitate(module, demos, cfg.imitation_epochs, cfg.imitation_lr, cfg.seed)
     after = score(module, demos)
-    export_policy(module, warm_start_dir(out_dir), str(env_cfg.predictor))
+    export_policy(module, warm_start_dir(out_dir), env_cfg)
     algo.learner_group.set_weights({DEFAULT_MODULE_ID: module.get_state()})
     algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group,
                                        inference_only=True, timeout_seconds=120.0)
@@ -435,7 +439,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
         if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
             best = {**scores, "iteration": it}
-            export_policy(evaluator, _best_policy_dir(out_dir, it), str(env_cfg.predictor))
+            export_policy(evaluator, _best_policy_dir(out_dir, it), env_cfg)
         return {f"val_{k}": v for k, v in scores.items()}
 
     tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir}
@@ -481,7 +485,7 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             mlflow.set_tags({"exported_iteration": best["iteration"]})
             mlflow.log_metrics({f"exported_val_{k}": v for k, v in best.items() if k != "iteration"})
         else:
-            export_policy(sync_evaluator(), policy, str(env_cfg.predictor))
+            export_policy(sync_evaluator(), policy, env_cfg)
         mlflow.log_artifacts(str(policy), artifact_path="policy")
     algo.stop()
     return policy

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from mara_env.workload import oracle_successes, stress_episode
 @pytest.mark.parametrize("task_set", ["id", "rl_ood"])
 def test_allocators_never_emit_invalid_actions_and_stay_below_oracle(smoke_bank, name, task_set):
     env = MultiNodeEnv(EnvConfig(bank=str(smoke_bank), split="test", task_set=task_set,
-                                 arrival_prob=0.07, strict=True))
+                                 arrival_prob=0.07, strict=True, optimistic_quantile=0.15))
     allocator = ALLOCATORS[name]()
     for seed in range(3):
         obs, _ = env.reset(seed=seed)
@@ -51,3 +53,10 @@ def test_lara_prefers_tasks_it_can_finish():
     assert ALLOCATORS["lara"]().act(view).tolist() == [2]
     assert ALLOCATORS["edf"]().act(view).tolist() == [1]
     assert ALLOCATORS["fifo"]().act(view).tolist() == [1]
+    # Planning on the optimistic estimate: slot 0 might still make it (9 <= 10), and
+    # EDF order then serves it first.
+    optimistic = dataclasses.replace(view, optimistic=np.array([9.0, 8.0]))
+    assert ALLOCATORS["lara_optimistic"]().act(optimistic).tolist() == [1]
+    assert ALLOCATORS["lara"]().act(optimistic).tolist() == [2]  # LARA reads the median only
+    with pytest.raises(ValueError, match="optimistic_quantile"):
+        ALLOCATORS["lara_optimistic"]().act(view)

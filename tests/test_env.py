@@ -4,7 +4,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import mara_env
-from mara_env.env import MultiNodeEnv, load_curves
+from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
 from mara_env.workload import WorkloadConfig, sample_episode, slack, true_demand
 
 
@@ -119,6 +119,27 @@ def test_observation_features_are_normalised(smoke_bank):
         assert env.observation_space.contains(obs)
         present = obs["slot_mask"].astype(bool)
         assert np.all(obs["slots"][present, 0] == 1) and np.all(obs["slots"][~present] == 0)
+
+
+def test_optimistic_feature_shows_the_predictors_low_estimate(smoke_bank, untrained_fm):
+    """With `optimistic_quantile` each slot gains a 5th feature, FM's low sample, at or below
+    the median estimate; allocators read both. Without it the observation is DESIGN's."""
+    env = MultiNodeEnv(EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1,
+                                 predictor=untrained_fm, optimistic_quantile=0.15))
+    assert MultiNodeEnv(EnvConfig(bank=str(smoke_bank), split="test")).observation_space["slots"].shape == (16, 4)
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    lower = 0
+    for _ in range(60):
+        obs, *_ = env.step(random_valid_action(obs, 7, rng, idle_prob=0.0))
+        assert obs["slots"].shape == (16, 5) and env.observation_space.contains(obs)
+        present = obs["slot_mask"].astype(bool)
+        assert np.all(obs["slots"][present, 4] <= obs["slots"][present, 1] + 1e-6)
+        view = env.scheduler_view()
+        np.testing.assert_allclose(np.minimum(view.optimistic[present] / env.cap, 1.0), obs["slots"][present, 4],
+                                   rtol=1e-6)
+        lower += int(np.sum(view.optimistic[present] < view.predicted[present] - 1))
+    assert lower > 0  # the samples do spread
 
 
 def test_training_bursts_put_doomed_tasks_before_short_ones(smoke_bank):

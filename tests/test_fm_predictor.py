@@ -67,6 +67,24 @@ def test_warmup_done_and_batch_independence(predictor, queries):
     np.testing.assert_allclose(alone, together[::7], rtol=1e-4, atol=1e-3)
 
 
+def test_optimistic_band_is_the_median_and_a_low_sample(predictor, queries):
+    """Column 0 is the usual estimate; column 1 the q-quantile of the M sampled crossings,
+    clipped like the estimate; warm-up rows get the horizon in both."""
+    q = queries
+    point = _ask(predictor, q)
+    band = predictor.remaining_batches(q.hist, q.eps, q.horizon, optimistic=0.15)
+    np.testing.assert_array_equal(band[:, 0], point)
+    ready = (q.hist.current > q.eps) & (q.hist.lengths >= 4)
+    ordered = predictor.sorted_crossings(q.subset(np.flatnonzero(ready)).hist, q.eps[ready], q.horizon[ready])
+    np.testing.assert_allclose(band[ready, 1], np.clip(ordered[:, 1], 0, q.horizon[ready]), rtol=1e-5, atol=1e-4)
+    assert np.all(band[:, 1] <= band[:, 0] + 1e-9) and np.any(band[:, 1] < band[:, 0] - 1)
+    lowest = predictor.remaining_batches(q.hist, q.eps, q.horizon, optimistic=0.0)[:, 1]
+    assert np.all(lowest <= band[:, 1] + 1e-9)
+    short = HistoryBatch.from_curves(q.hist.future[:2], np.array([3, 2]), q.hist.batch_size[:2], q.hist.lr[:2])
+    np.testing.assert_array_equal(predictor.remaining_batches(short, q.eps[:2], [50.0, 60.0], optimistic=0.15),
+                                  [[50, 50], [60, 60]])
+
+
 def test_same_prefix_same_prediction_in_another_process(queries, exported, tmp_path):
     q = queries
     np.savez(tmp_path / "q.npz", avg=q.hist.avg, lengths=q.hist.lengths, b=q.hist.batch_size,

@@ -67,3 +67,8 @@ def test_replaying_a_curve_set_matches_predicting_from_prefixes(smoke_bank, name
     replayed = predictor.replay_remaining(curves, rows, lengths, eps, horizon)
     assert (direct == 0).any() and ((direct > 0) & (direct < horizon)).any()  # both regimes exercised
     np.testing.assert_allclose(replayed, direct, rtol=1e-6, atol=1e-6)
+    # A point predictor's optimistic band is its estimate, on either path.
+    for band in (predictor.remaining_batches(hist, eps, horizon, optimistic=0.15),
+                 predictor.replay_remaining(curves, rows, lengths, eps, horizon, optimistic=0.15)):
+        assert band.shape == (64, 2)
+        np.testing.assert_allclose(band, np.stack([direct, direct], axis=1), rtol=1e-6, atol=1e-6)

@@ -64,28 +64,34 @@ class Predictor(ABC):
     name: str = "predictor"
     uses_warmup: bool = True
 
-    def remaining_batches(self, hist: HistoryBatch, eps: np.ndarray,
-                          horizon: np.ndarray) -> np.ndarray:
+    def remaining_batches(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
+                          optimistic: float | None = None) -> np.ndarray:
         """Remaining batches to reach `eps`, in [0, horizon] (horizon in batches).
 
         Tasks already at or below `eps` need 0; tasks with fewer than
-        `WARMUP_POINTS` observations get the horizon (warm-up rule).
+        `WARMUP_POINTS` observations get the horizon (warm-up rule). With
+        `optimistic` = q the answer is (B, 2): the estimate, and the q-quantile
+        of the predictor's own uncertainty about it (`_predict_band`).
         """
         eps, horizon = _per_task(eps, len(hist)), _per_task(horizon, len(hist))
         current = hist.current
         ready = current > eps
         if self.uses_warmup:
             ready &= hist.lengths >= WARMUP_POINTS
+
+        def predict(h: HistoryBatch, e: np.ndarray, hz: np.ndarray) -> np.ndarray:
+            return self._predict(h, e, hz) if optimistic is None else self._predict_band(h, e, hz, optimistic)
+
         if ready.all():
-            raw = self._predict(hist, eps, horizon)
+            raw = predict(hist, eps, horizon)
         else:
-            raw = horizon.copy()
+            raw = horizon.copy() if optimistic is None else np.stack([horizon, horizon], axis=1)
             if ready.any():
-                raw[ready] = self._predict(_take(hist, ready), eps[ready], horizon[ready])
+                raw[ready] = predict(_take(hist, ready), eps[ready], horizon[ready])
         return self._settle(raw, current, hist.lengths, eps, horizon)
 
     def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray,
-                         eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+                         eps: np.ndarray, horizon: np.ndarray, optimistic: float | None = None) -> np.ndarray:
         """`remaining_batches` for the first lengths[b] points of curve rows[b] of `source`.
 
         This is what a simulator replaying a bank asks at every step; a
@@ -93,15 +99,24 @@ class Predictor(ABC):
         work precomputed once per curve set (WLS does).
         """
         hist = HistoryBatch.from_curves(source.avg[rows], lengths, source.batch_size[rows], source.lr[rows])
-        return self.remaining_batches(hist, eps, horizon)
+        return self.remaining_batches(hist, eps, horizon, optimistic)
 
     def _settle(self, raw: np.ndarray, current: np.ndarray, lengths: np.ndarray,
                 eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
-        """Clip raw estimates to [0, horizon]; 0 once at ε, the horizon during warm-up."""
+        """Clip raw estimates (B,) or (B, 2) to [0, horizon]; 0 once at ε, the horizon during warm-up."""
+        if raw.ndim == 2:
+            current, lengths, eps, horizon = (a[:, None] for a in (current, lengths, eps, horizon))
         out = np.minimum(np.maximum(raw, 0.0), horizon)
         if self.uses_warmup:
             out = np.where(lengths < WARMUP_POINTS, horizon, out)
         return np.where(current <= eps, 0.0, out)
+
+    def _predict_band(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
+                      quantile: float) -> np.ndarray:
+        """(B, 2): the raw estimate and its optimistic `quantile`. A point predictor
+        (WLS, the oracle) has no spread and repeats its estimate."""
+        estimate = self._predict(hist, eps, horizon)
+        return np.stack([estimate, estimate], axis=1)
 
     @abstractmethod
     def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:

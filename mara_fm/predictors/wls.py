@@ -89,10 +89,12 @@ class WLSPredictor(Predictor):
         return _crossing(alpha, b, eps, hist.batch_size, n, horizon)
 
     def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray,
-                         eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+                         eps: np.ndarray, horizon: np.ndarray, optimistic: float | None = None) -> np.ndarray:
         alpha, b = self._fits_of(source)
         at = (rows, lengths - 1)
         raw = _crossing(alpha[at], b[at], eps, source.batch_size[rows], lengths, horizon)
+        if optimistic is not None:  # a point estimate: its band is itself
+            raw = np.stack([raw, raw], axis=1)
         return self._settle(raw, source.avg[at], lengths, eps, horizon)
 
 
