@@ -55,6 +55,9 @@ def main() -> None:
     paths = Paths(args.profile)
     bank, fm = paths.bank, FMPredictor.load(paths.fm)
     cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="val", arrival_prob=args.load)
+    # The point estimate alone: with the optimistic band on, the env would read the
+    # median from `_predict_band`, bypassing the statistic under test.
+    cfg = dataclasses.replace(cfg, optimistic_quantile=None)
     episodes = [e for root in range(args.roots)
                 for e in frozen_episodes(bank, "id", "val", args.load, root, args.episodes_per_root,
                                          cfg.horizon, cfg.workload)]
