@@ -99,7 +99,11 @@ class OptimisticLARA(LARA):
     median keeps tasks that a fair share of the samples call feasible, and
     gives the leftover nodes to the tasks most likely to still make it; on the
     ID validation episodes that is worth +1.5 points over LARA-FM
-    (experiments/forecast_quantile_probe.py). With WLS it is LARA.
+    (experiments/forecast_quantile_probe.py). The estimate is `inf` for a task
+    that even the optimistic sample never brings to its threshold within its
+    generation cap (where LARA's median reads the rest of the cap, which looks
+    feasible when the deadline is at the cap): such a task is dropped and gets
+    leftover nodes last. With WLS it is LARA with that rule.
     """
 
     name = "lara_optimistic"

@@ -58,8 +58,9 @@ class EnvConfig:
     burst: BurstConfig = field(default_factory=BurstConfig)
     # An addition to DESIGN §3: with q set, each slot also shows the predictor's
     # optimistic estimate, the q-quantile of its own spread (FM: an order statistic
-    # of its M sampled crossings; WLS and the oracle: the estimate itself), and
-    # allocators see it as `SlotView.optimistic`. None: the four features of DESIGN.
+    # of its M sampled crossings; WLS and the oracle: the estimate itself; inf, shown
+    # as 1, when it does not reach the threshold within the task's generation cap),
+    # and allocators see it as `SlotView.optimistic`. None: the four features of DESIGN.
     optimistic_quantile: float | None = None
 
     def __post_init__(self) -> None:

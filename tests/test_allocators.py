@@ -58,5 +58,10 @@ def test_lara_prefers_tasks_it_can_finish():
     optimistic = dataclasses.replace(view, optimistic=np.array([9.0, 8.0]))
     assert ALLOCATORS["lara_optimistic"]().act(optimistic).tolist() == [1]
     assert ALLOCATORS["lara"]().act(optimistic).tolist() == [2]  # LARA reads the median only
+    # A task that never reaches its threshold within its cap (optimistic inf) is dropped, even
+    # where its median, the rest of the cap, fits its deadline; LARA keeps it and serves it first.
+    hopeless = dataclasses.replace(view, predicted=np.array([10.0, 8.0]), optimistic=np.array([np.inf, 8.0]))
+    assert ALLOCATORS["lara"]().act(hopeless).tolist() == [1]
+    assert ALLOCATORS["lara_optimistic"]().act(hopeless).tolist() == [2]
     with pytest.raises(ValueError, match="optimistic_quantile"):
         ALLOCATORS["lara_optimistic"]().act(view)

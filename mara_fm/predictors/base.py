@@ -71,7 +71,8 @@ class Predictor(ABC):
         Tasks already at or below `eps` need 0; tasks with fewer than
         `WARMUP_POINTS` observations get the horizon (warm-up rule). With
         `optimistic` = q the answer is (B, 2): the estimate, and the q-quantile
-        of the predictor's own uncertainty about it (`_predict_band`).
+        of the predictor's own uncertainty about it (`_predict_band`), `inf`
+        where that quantile does not reach `eps` within the horizon.
         """
         eps, horizon = _per_task(eps, len(hist)), _per_task(horizon, len(hist))
         current = hist.current
@@ -103,10 +104,18 @@ class Predictor(ABC):
 
     def _settle(self, raw: np.ndarray, current: np.ndarray, lengths: np.ndarray,
                 eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
-        """Clip raw estimates (B,) or (B, 2) to [0, horizon]; 0 once at ε, the horizon during warm-up."""
+        """Clip raw estimates (B,) or (B, 2) to [0, horizon]; 0 once at ε, the horizon during warm-up.
+
+        In a band's optimistic column a task that does not reach ε within the horizon
+        gets `inf`, not the horizon: the horizon is the rest of its generation cap, so
+        it can never succeed. (DESIGN's estimate reports the horizon, which reads as a
+        task that just makes it when its deadline is at the cap.)
+        """
         if raw.ndim == 2:
             current, lengths, eps, horizon = (a[:, None] for a in (current, lengths, eps, horizon))
         out = np.minimum(np.maximum(raw, 0.0), horizon)
+        if raw.ndim == 2:
+            out[:, 1] = np.where(raw[:, 1] >= horizon[:, 0], np.inf, out[:, 1])
         if self.uses_warmup:
             out = np.where(lengths < WARMUP_POINTS, horizon, out)
         return np.where(current <= eps, 0.0, out)
