@@ -10,6 +10,14 @@ returns-to-go of those episodes (γ = 1, the shaped reward), so PPO's first
 advantages are not measured against a random critic. PPO then starts from
 the allocator's behaviour instead of from scratch.
 
+With `imitation_dagger_rounds` > 0 the fit continues DAgger-style: the
+imitated MAT plays fresh training episodes, the teacher labels every state
+the MAT reached, those rows join the demonstrations and the MAT is refitted.
+Behaviour cloning alone only sees the teacher's states; where the MAT's
+small deviations lead elsewhere it has no example to follow (measured on
+the default profile: per-node agreement with the teacher 0.95 on the
+teacher's states, 0.93 on the MAT's own).
+
 The teacher may be privileged (`lara_oracle`): LARA fed each task's true
 remaining demand, read off the curve the env replays, while the MAT is
 fitted on the observations of the run's own env (its predictor's
@@ -21,6 +29,7 @@ the teacher's episodes are the episodes LARA plays in an oracle env.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -46,6 +55,11 @@ class Demonstrations:
 
     def __len__(self) -> int:
         return len(self.actions)
+
+    def __add__(self, other: Demonstrations) -> Demonstrations:
+        return Demonstrations(obs={k: torch.cat([v, other.obs[k]]) for k, v in self.obs.items()},
+                              actions=torch.cat([self.actions, other.actions]),
+                              returns=torch.cat([self.returns, other.returns]))
 
 
 PRIVILEGED_TEACHER = "lara_oracle"
@@ -83,12 +97,27 @@ def teacher_policy(teacher: str) -> BatchDecide:
     return classic(teacher)()
 
 
-def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int) -> Demonstrations:
-    """The teacher (one of `TEACHERS`) on `episodes` episodes of `env_cfg`."""
-    decide = teacher_policy(teacher)
+def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int,
+                   driver: BatchDecide | None = None) -> Demonstrations:
+    """The teacher's (one of `TEACHERS`) joint actions on `episodes` episodes of `env_cfg`.
+
+    With a `driver` the episodes are played by the driver, and the teacher only labels
+    the states the driver reaches (DAgger); returns-to-go are then the driver's."""
+    label = teacher_policy(teacher)
+    labels: deque[np.ndarray] = deque()  # the teacher's actions, in the order the envs step
+
+    def decide(obs: dict[str, np.ndarray], envs: list[MultiNodeEnv]) -> np.ndarray:
+        labelled = label(obs, envs)
+        if driver is None:
+            return labelled
+        labels.extend(labelled)
+        return driver(obs, envs)
+
+    def record(i: int, obs: dict[str, np.ndarray], action: np.ndarray, reward: float) -> None:
+        steps[i].append((obs, action if driver is None else labels.popleft(), reward))
+
     steps: list[list[tuple[dict[str, np.ndarray], np.ndarray, float]]] = [[] for _ in range(episodes)]
-    replay_in_lockstep(env_cfg, sample_episodes(env_cfg, episodes, seed), decide,
-                       on_step=lambda i, obs, action, reward: steps[i].append((obs, action, reward)))
+    replay_in_lockstep(env_cfg, sample_episodes(env_cfg, episodes, seed), decide, on_step=record)
     rows = [step for episode in steps for step in episode]
     returns = np.concatenate([np.cumsum([r for *_, r in episode][::-1])[::-1] for episode in steps])
     return Demonstrations(

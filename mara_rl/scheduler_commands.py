@@ -29,6 +29,8 @@ TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
                               "episodes before PPO (0 = off; see mara_rl.imitation)"}),
     ("--imitation-teacher", {"help": "fifo | edf | lara (default) | lara_oracle (LARA on the true "
                              "remaining demand: a privileged teacher)"}),
+    ("--dagger-rounds", {"type": int, "help": "warm start: DAgger rounds after imitation "
+                         "(imitation_dagger_rounds; 0 = behaviour cloning only)"}),
     ("--anchor", {"type": float, "help": "KL anchor to the warm-started policy during PPO "
                   "(anchor_coeff; 0 = plain PPO; see mara_rl.anchored_ppo)"}),
     ("--iterations", {"type": int, "help": "PPO iterations in total (a resume continues to it)"}),
@@ -61,11 +63,13 @@ def train_argv(args: argparse.Namespace) -> list[str]:
 
 def default_out(profile: str, cfg: SchedulerConfig) -> Path:
     """A run's folder, named by what sets its variant apart: predictor, β, seed, warm start
-    (and its teacher, unless LARA), KL anchor."""
+    (and its teacher, unless LARA; DAgger rounds), KL anchor."""
     warm = ""
     if cfg.imitation_episodes > 0:
         teacher = "" if cfg.imitation_teacher == "lara" else f"-{cfg.imitation_teacher}"
         warm = f"-imitation{cfg.imitation_episodes}{teacher}"
+        if cfg.imitation_dagger_rounds > 0:
+            warm += f"-dagger{cfg.imitation_dagger_rounds}"
     if cfg.anchor_coeff > 0:
         warm += f"-anchor{cfg.anchor_coeff:g}"
     return (PROJECT_ROOT / "artifacts" / "scheduler"
@@ -79,7 +83,8 @@ def scheduler_config(args: argparse.Namespace) -> Any:
     return section_config(SchedulerConfig, args.profile, "scheduler", predictor=args.predictor,
                           fm_path=args.fm, beta=args.beta, seed=args.seed, burst_prob=args.burst_prob,
                           imitation_episodes=args.imitation_episodes,
-                          imitation_teacher=args.imitation_teacher, anchor_coeff=args.anchor,
+                          imitation_teacher=args.imitation_teacher,
+                          imitation_dagger_rounds=args.dagger_rounds, anchor_coeff=args.anchor,
                           iterations=args.iterations,
                           num_env_runners=args.num_env_runners,
                           num_envs_per_env_runner=args.num_envs_per_env_runner)

@@ -89,6 +89,11 @@ class SchedulerConfig:
     imitation_teacher: str = "lara"
     imitation_epochs: int = 20
     imitation_lr: float = 1e-3
+    # DAgger after the fit (mara_rl.imitation): rounds of MAT-played episodes (as many as
+    # imitation_episodes each) labelled by the teacher, each followed by this many epochs
+    # over all demonstrations so far. 0 = behaviour cloning only.
+    imitation_dagger_rounds: int = 0
+    imitation_dagger_epochs: int = 10
     # KL anchor to the imitated policy during PPO (mara_rl.anchored_ppo; 0 = plain PPO).
     anchor_coeff: float = 0.0
     # Network (MATConfig).
@@ -116,6 +121,11 @@ class SchedulerConfig:
         from mara_rl.imitation import check_teacher
 
         check_teacher(self.imitation_teacher)
+        if self.imitation_dagger_rounds < 0:
+            raise ValueError(f"imitation_dagger_rounds must be >= 0, got {self.imitation_dagger_rounds}")
+        if self.imitation_dagger_rounds > 0 and self.imitation_episodes <= 0:
+            raise ValueError("imitation_dagger_rounds > 0 continues the imitation warm start: "
+                             "it needs imitation_episodes > 0")
         if self.anchor_coeff < 0:
             raise ValueError(f"anchor_coeff must be >= 0, got {self.anchor_coeff}")
         if self.anchor_coeff > 0 and self.imitation_episodes <= 0:
@@ -309,22 +319,29 @@ def build_algorithm(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path | No
 
 def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvConfig,
                out_dir: Path) -> dict[str, float]:
-    """Imitation before PPO: fit `module` to the teacher, export it (the anchor's reference),
-    then load it into the learner and every env runner. Returns how close it was to the
-    teacher before and after."""
+    """Imitation before PPO: fit `module` to the teacher (then DAgger rounds), export it (the
+    anchor's reference), then load it into the learner and every env runner. Returns how
+    close it was to the teacher before and after, and on its own states in each round."""
     from mara_rl.imitation import demonstrations, imitate, score
 
-    demos = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes,
-                           seed=IMITATION_SEED + 1000 * cfg.seed)
+    seed = IMITATION_SEED + 1000 * cfg.seed
+    demos = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes, seed)
     before = score(module, demos)
     imitate(module, demos, cfg.imitation_epochs, cfg.imitation_lr, cfg.seed)
+    rounds: dict[str, float] = {}
+    for r in range(1, cfg.imitation_dagger_rounds + 1):
+        visited = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes, seed + 100 * r,
+                                 driver=lambda obs, envs: act(module, obs))
+        rounds[f"imitation_dagger{r}_node_agreement_on_policy"] = score(module, visited)["node_agreement"]
+        demos = demos + visited
+        imitate(module, demos, cfg.imitation_dagger_epochs, cfg.imitation_lr, cfg.seed + r)
     after = score(module, demos)
     export_policy(module, warm_start_dir(out_dir), env_cfg)
     algo.learner_group.set_weights({DEFAULT_MODULE_ID: module.get_state()})
     algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group,
                                        inference_only=True, timeout_seconds=120.0)
     return {**{f"imitation_{k}_before": v for k, v in before.items()},
-            **{f"imitation_{k}": v for k, v in after.items()}}
+            **{f"imitation_{k}": v for k, v in after.items()}, **rounds}
 
 
 def iteration_metrics(result: dict[str, Any], seconds: float, steps: float) -> dict[str, float]:

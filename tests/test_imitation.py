@@ -35,6 +35,23 @@ def test_demonstrations_hold_every_step_and_its_return_to_go(env_cfg: EnvConfig)
         demonstrations(env_cfg, "lottery", 1, seed=0)
 
 
+def test_dagger_rows_are_the_drivers_states_with_the_teachers_actions(env_cfg: EnvConfig) -> None:
+    """With a driver, the episodes are the driver's (its observations and returns) and the
+    actions are the teacher's choices in those states; the teacher driving itself is plain
+    behaviour cloning."""
+    fifo = demonstrations(env_cfg, "fifo", 2, seed=3)
+    dagger = demonstrations(env_cfg, "lara", 2, seed=3, driver=classic("fifo")())
+    assert all(torch.equal(dagger.obs[k], fifo.obs[k]) for k in fifo.obs)
+    assert torch.equal(dagger.returns, fifo.returns)
+    assert not torch.equal(dagger.actions, fifo.actions)
+    lara = demonstrations(env_cfg, "lara", 2, seed=3)
+    assert not torch.equal(dagger.obs["slots"], lara.obs["slots"])  # LARA's own states differ
+    itself = demonstrations(env_cfg, "lara", 2, seed=3, driver=classic("lara")())
+    assert torch.equal(itself.actions, lara.actions) and torch.equal(itself.returns, lara.returns)
+    both = lara + dagger
+    assert len(both) == len(lara) + len(dagger) and torch.equal(both.actions[len(lara):], dagger.actions)
+
+
 def test_imitation_makes_the_mat_act_like_its_teacher(env_cfg: EnvConfig) -> None:
     demos = demonstrations(env_cfg, "lara", 4, seed=0)
     torch.manual_seed(0)

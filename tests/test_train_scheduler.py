@@ -59,7 +59,8 @@ def ray_local() -> Iterator[None]:
 def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
                                         ray_local: None) -> None:
     cfg = section_config(SchedulerConfig, "smoke", "scheduler", train_batch_size=200,
-                         minibatch_size=100, eval_episodes=2, imitation_episodes=1, imitation_epochs=1)
+                         minibatch_size=100, eval_episodes=2, imitation_episodes=1, imitation_epochs=1,
+                         imitation_dagger_rounds=1, imitation_dagger_epochs=1)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
     out = tmp_path / "run"
 
@@ -74,6 +75,7 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 1, 2], key
     assert run.data.params["scheduler.gamma"] == "1.0"
     assert "imitation_node_agreement" in run.data.metrics  # the warm start ran before PPO
+    assert 0 <= run.data.metrics["imitation_dagger1_node_agreement_on_policy"] <= 1  # and its DAgger round
     # The exported policy is the best validated one: it has that evaluation's scores.
     best = json.loads((out / "state.json").read_text())["best"]
     stress, success = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
@@ -145,6 +147,15 @@ def test_submit_forwards_absolute_paths() -> None:
     cfg = scheduler_config(args)
     assert (cfg.imitation_episodes, cfg.imitation_teacher) == (32, "lara")
     assert default_out("smoke", cfg).name.endswith("-seed0-imitation32")
+    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32", "--dagger-rounds", "2"])
+    assert train_argv(args)[-2:] == ["--dagger-rounds", "2"]
+    assert default_out("smoke", scheduler_config(args)).name.endswith("-imitation32-lara_oracle-dagger2")
+    args.dagger_rounds = -1
+    with pytest.raises(ValueError, match="imitation_dagger_rounds must be >= 0"):
+        scheduler_config(args)
+    args.imitation_episodes, args.dagger_rounds = 0, 1
+    with pytest.raises(ValueError, match="needs imitation_episodes > 0"):
+        scheduler_config(args)
     args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "0"])
     assert scheduler_config(args).imitation_episodes == 0
     assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0")
