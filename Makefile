@@ -10,10 +10,13 @@ SEED    ?= 0
 BETA    ?= 0.1
 PREDICTOR ?= fm
 # The warm start (mara_rl.imitation) is the profile's unless overridden: IMITATION=N imitates
-# the teacher on N training episodes (0: PPO from a random MAT), TEACHER=lara|lara_oracle|...
+# the teacher on N training episodes (0: PPO from a random MAT), TEACHER=lara|lara_oracle|...,
+# DAGGER=R runs R DAgger rounds after it (0: behaviour cloning only).
 IMITATION ?=
 TEACHER ?=
-WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION)) $(if $(TEACHER),--imitation-teacher $(TEACHER))
+DAGGER ?=
+WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION)) $(if $(TEACHER),--imitation-teacher $(TEACHER)) \
+	$(if $(DAGGER),--dagger-rounds $(DAGGER))
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench mlflow-ui clean

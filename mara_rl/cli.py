@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fm", help="exported FM predictor (enables lara_fm, and lara_fm_optimistic "
                    "when the profile sets [env] optimistic_quantile)")
     p.add_argument("--policies", help="learned methods as NAME[@SEED]=POLICY_DIR,... "
-                   "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0-imitation32-lara_optimistic/policy)")
+                   "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0-imitation32-lara_optimistic-dagger2/policy)")
     p.add_argument("--roots", type=int)
     p.add_argument("--episodes", type=int, help="episodes per evaluation root")
     p.add_argument("--no-mlflow", action="store_true")

@@ -16,7 +16,7 @@ the MAT reached, those rows join the demonstrations and the MAT is refitted.
 Behaviour cloning alone only sees the teacher's states; where the MAT's
 small deviations lead elsewhere it has no example to follow (measured on
 the default profile: per-node agreement with the teacher 0.95 on the
-teacher's states, 0.93 on the MAT's own).
+teacher's states, 0.90–0.93 on the MAT's own).
 
 The teacher may be privileged (`lara_oracle`): LARA fed each task's true
 remaining demand, read off the curve the env replays, while the MAT is

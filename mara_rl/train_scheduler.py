@@ -329,8 +329,9 @@ def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvC
     before = score(module, demos)
     imitate(module, demos, cfg.imitation_epochs, cfg.imitation_lr, cfg.seed)
     rounds: dict[str, float] = {}
+    stride = max(100, cfg.imitation_episodes)  # round r plays episodes seed + r·stride + i: new ones
     for r in range(1, cfg.imitation_dagger_rounds + 1):
-        visited = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes, seed + 100 * r,
+        visited = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes, seed + stride * r,
                                  driver=lambda obs, envs: act(module, obs))
         rounds[f"imitation_dagger{r}_node_agreement_on_policy"] = score(module, visited)["node_agreement"]
         demos = demos + visited
