@@ -105,6 +105,7 @@ def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int,
     the states the driver reaches (DAgger); returns-to-go are then the driver's."""
     label = teacher_policy(teacher)
     labels: deque[np.ndarray] = deque()  # the teacher's actions, in the order the envs step
+    steps: list[list[tuple[dict[str, np.ndarray], np.ndarray, float]]] = [[] for _ in range(episodes)]
 
     def decide(obs: dict[str, np.ndarray], envs: list[MultiNodeEnv]) -> np.ndarray:
         labelled = label(obs, envs)
@@ -116,7 +117,6 @@ def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int,
     def record(i: int, obs: dict[str, np.ndarray], action: np.ndarray, reward: float) -> None:
         steps[i].append((obs, action if driver is None else labels.popleft(), reward))
 
-    steps: list[list[tuple[dict[str, np.ndarray], np.ndarray, float]]] = [[] for _ in range(episodes)]
     replay_in_lockstep(env_cfg, sample_episodes(env_cfg, episodes, seed), decide, on_step=record)
     rows = [step for episode in steps for step in episode]
     returns = np.concatenate([np.cumsum([r for *_, r in episode][::-1])[::-1] for episode in steps])
