@@ -25,7 +25,7 @@ from mara_env.allocators import LARA
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import replay_in_lockstep
 from mara_fm.profile import section_config
-from mara_rl.evaluate import frozen_episodes
+from mara_rl.evaluate import pooled_episodes
 from mara_rl.pipeline import Paths
 
 
@@ -71,9 +71,7 @@ def main() -> None:
     bank, fm = paths.bank, paths.fm
     cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="val", arrival_prob=args.load,
                          predictor=args.predictor or f"fm:{fm.resolve()}")
-    episodes = [e for root in range(args.roots)
-                for e in frozen_episodes(bank, "id", "val", args.load, root, args.episodes_per_root,
-                                         cfg.horizon, cfg.workload)]
+    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
     lengths = [int(k) for k in args.lengths.split(",")]
     deviations = [Deviation(i) for i in range(len(episodes))]
     deviations += [Deviation(i, int(t0), k) for i in range(len(episodes))

@@ -24,7 +24,7 @@ from mara_env.vector import replay_in_lockstep
 from mara_fm.fm_predictor import FMPredictor
 from mara_fm.predictors import HistoryBatch
 from mara_fm.profile import section_config
-from mara_rl.evaluate import classic, frozen_episodes
+from mara_rl.evaluate import classic, pooled_episodes
 from mara_rl.pipeline import Paths
 
 
@@ -62,9 +62,7 @@ def main() -> None:
     quantile = cfg.optimistic_quantile if args.quantile is None else args.quantile
     if quantile is None:
         parser.error(f"profile {args.profile!r} sets no [env] optimistic_quantile; pass --quantile")
-    episodes = [e for root in range(args.roots)
-                for e in frozen_episodes(bank, "id", "val", cfg.arrival_prob, root, args.episodes_per_root,
-                                         cfg.horizon, cfg.workload)]
+    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
     print(f"{len(episodes)} ID val episodes; {len(members)} predictor(s), "
           f"M = {members[0].cfg.samples}, steps = {members[0].cfg.euler_steps}, quantile = {quantile}")
     for teacher in ("lara", "lara_optimistic"):

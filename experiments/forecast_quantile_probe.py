@@ -24,7 +24,7 @@ from mara_env.vector import replay_in_lockstep
 from mara_fm.fm_predictor import FMPredictor
 from mara_fm.predictors import HistoryBatch
 from mara_fm.profile import section_config
-from mara_rl.evaluate import classic, frozen_episodes
+from mara_rl.evaluate import classic, pooled_episodes
 from mara_rl.pipeline import Paths
 
 
@@ -58,9 +58,7 @@ def main() -> None:
     # The point estimate alone: with the optimistic band on, the env would read the
     # median from `_predict_band`, bypassing the statistic under test.
     cfg = dataclasses.replace(cfg, optimistic_quantile=None)
-    episodes = [e for root in range(args.roots)
-                for e in frozen_episodes(bank, "id", "val", args.load, root, args.episodes_per_root,
-                                         cfg.horizon, cfg.workload)]
+    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
     print(f"LARA on {len(episodes)} ID val episodes (M = {fm.cfg.samples} FM samples)")
     for statistic in args.stats.split(","):
         predictor = CrossingStatisticFM(fm, statistic)

@@ -146,6 +146,14 @@ def frozen_episodes(bank: Path, task_set: str, split: str, load: float, root: in
     return episodes
 
 
+def pooled_episodes(cfg: EnvConfig, roots: int, per_root: int) -> list[Episode]:
+    """Roots 0 … roots − 1's frozen episodes for `cfg`'s task set, split and load, in one
+    list: for probes that replay them all together."""
+    return [e for root in range(roots)
+            for e in frozen_episodes(cfg.bank_path, cfg.task_set, cfg.split, cfg.arrival_prob, root,
+                                     per_root, cfg.horizon, cfg.workload)]
+
+
 @dataclass
 class Record:
     method: str

@@ -14,6 +14,7 @@ from mara_rl.evaluate import (
     completion_by_slack,
     evaluate_method,
     frozen_episodes,
+    pooled_episodes,
     slack_bands,
 )
 
@@ -57,6 +58,15 @@ def test_frozen_episodes_reload_identically(smoke_bank, tmp_path):
     for a, b, c in zip(first, again, load_episodes(copy), strict=True):
         assert a.to_dict() == b.to_dict() == c.to_dict()
     assert any(EPISODE_DIR.glob(f"{smoke_bank.stem}-*/id-test-p0.040-root0.json"))
+
+
+def test_pooled_episodes_are_the_roots_in_order(smoke_bank):
+    cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.05)
+    pooled = pooled_episodes(cfg, roots=2, per_root=2)
+    by_root = [e for r in range(2)
+               for e in frozen_episodes(smoke_bank, "id", "test", 0.05, r, 2, cfg.horizon, cfg.workload)]
+    assert [e.to_dict() for e in pooled] == [e.to_dict() for e in by_root]
+    assert len({json.dumps(e.to_dict(), sort_keys=True) for e in pooled}) == 4  # two roots, not one twice
 
 
 def test_malformed_episode_file_is_a_clear_error(tmp_path):
