@@ -180,3 +180,22 @@ def test_fit_horizon_sizes_late_arrivals_to_the_time_left(smoke_bank):
         feasible[fit] = np.concatenate([slack(ep, curves) >= 0 for ep in episodes])
     assert feasible[True].all()
     assert feasible[False].mean() < 0.9  # late long tasks cannot finish before the horizon
+
+
+@pytest.mark.parametrize("task_set", ["id", "rl_ood", "vit_ood"])
+def test_windows_are_sized_to_where_the_threshold_is_first_reached(smoke_bank, task_set):
+    """With exact thresholds, window / true demand is the drawn factor for every family, including
+    curves that dip and rise again (RL OOD), where sizing to the target demand gives far more."""
+    curves = load_curves(smoke_bank, task_set, "test")
+    cfg = WorkloadConfig(unreachable_frac=0.0, eps_jitter=0.0)
+    rng = np.random.default_rng(0)
+    episodes = [sample_episode(curves, 500, 0.04, cfg, rng) for _ in range(10)]
+    demand = np.concatenate([true_demand(ep, curves) for ep in episodes])
+    window = np.concatenate([ep.window for ep in episodes])
+    free = (window > cfg.min_window) & (window < curves.cap)  # not clipped
+    assert free.sum() >= 20
+    ratio = window[free] / demand[free]
+    assert ratio.min() >= cfg.window_lo - 0.5 / demand[free].min()
+    assert ratio.max() <= cfg.window_hi + 0.5 / demand[free].min()
+    with pytest.raises(ValueError, match="window_basis"):
+        sample_episode(curves, 500, 0.04, WorkloadConfig(window_basis="deadline"), rng)
