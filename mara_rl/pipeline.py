@@ -28,7 +28,9 @@ from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
 if TYPE_CHECKING:
     from mara_rl.train_scheduler import SchedulerConfig
 
-CLASSIC = ("lara", "lara_fm", "lara_fm_optimistic", "fifo", "edf", "oracle")
+# lara_oracle (LARA told each task's true demand) is a reference like the Oracle bound: the
+# most that planning on exact forecasts gives LARA, which bounds what a predictor can add.
+CLASSIC = ("lara", "lara_fm", "lara_fm_optimistic", "fifo", "edf", "lara_oracle", "oracle")
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ PREDICTOR_EVAL = [{"task_set": "id", "predictor": "fm", "n_queries": 12, "capped
 def records(smoke_bank: Path) -> list[Record]:
     builtin = builtin_methods()
     methods = [Method("mara", "wls", classic("edf"), seed=s) for s in (0, 1)]
-    methods += [builtin[m] for m in ("lara", "fifo", "edf", "oracle")] + [IDLE]
+    methods += [builtin[m] for m in ("lara", "fifo", "edf", "lara_oracle", "oracle")] + [IDLE]
     env_cfg, eval_cfg = EnvConfig(bank=str(smoke_bank)), EvalConfig(roots=2, episodes_per_root=1)
 
     def run(task_sets: list[str], loads: list[float], scenario: str = "default") -> list[Record]:
@@ -88,7 +88,7 @@ def test_every_table_and_figure_is_written(written: Path) -> None:
     assert report["table2"]["columns"] == [*TASK_SETS, MEAN]
     assert report["load_sweep"]["loads"] == [0.04, 0.05, 0.06, 0.07]
     assert report["load_sweep"]["task_sets"] == ["id"]
-    assert set(report["table3"]["rows"]) == {"mara", "lara", "fifo", "edf", "oracle", "idle"}
+    assert set(report["table3"]["rows"]) == {"mara", "lara", "fifo", "edf", "lara_oracle", "oracle", "idle"}
     assert report["table4"]["oracle"]["utilisation"] is None  # not simulated: shown as "–"
     assert "| id | fm | 12 | 10.50 |" in md  # stage one's table, formatted by its own module
 
@@ -225,6 +225,9 @@ def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:
     vs_lara = report["table2_comparisons"]["mean"]["lara"]
     margin = next(t for name, t in targets.items() if name.startswith("mara − lara on the mean"))
     assert margin["met"] == (vs_lara["mean"] >= 0.085 and vs_lara["low"] > 0)
+    rows = report["table2"]["rows"]  # the room exact demand gives LARA, stated next to the margin
+    room = 100 * (rows["lara_oracle"]["mean"]["mean"] - rows["lara"]["mean"]["mean"])
+    assert f"(lara_oracle, LARA told the true demand: {room:+.2f})" in margin["evidence"]
     on_id = report["table2_comparisons"]["id"]
     assert targets["mara − lara on id ≥ 8.0 points"]["met"] == (on_id["lara"]["mean"] >= 0.08)
     assert targets["mara above fifo on id"]["met"] == (on_id["fifo"]["mean"] > 0)
