@@ -4,8 +4,12 @@
 MARA-WLS and sparse, per seed of `[evaluation] scheduler_seeds`) →
 evaluation of every method (3 task sets at the main load, the stress
 scenario, the load sweep) → report. Each stage is skipped when its output
-file exists, so an interrupted run continues where it stopped; a scheduler
-whose run folder holds a checkpoint but no exported policy resumes from it.
+file exists and is newer than the files it was made from (as `make` does),
+so an interrupted run continues where it stopped, and a retrained scheduler
+is evaluated again; a scheduler whose run folder holds a checkpoint but no
+exported policy resumes from it. A finished scheduler run whose settings
+differ from the profile's and the code's (say, a changed workload default)
+stops the pipeline with the settings named, rather than being reused.
 Delete a stage's output to redo it (and the stages after it).
 """
 
@@ -96,8 +100,18 @@ class Paths:
 @dataclass
 class Stage:
     name: str
-    output: Path  # the stage is done when this file exists
+    output: Path  # the stage is done when this file exists and is newer than every input
     run: Callable[[], Any]
+    inputs: tuple[Path, ...] = ()
+    check: Callable[[], None] | None = None  # raises if an existing output must not be reused
+
+    def done(self) -> bool:
+        if not self.output.exists():
+            return False
+        if self.check is not None:
+            self.check()
+        made = self.output.stat().st_mtime
+        return all(not p.exists() or p.stat().st_mtime <= made for p in self.inputs)
 
 
 def run_stages(stages: list[Stage], progress: bool = True) -> None:
@@ -105,21 +119,27 @@ def run_stages(stages: list[Stage], progress: bool = True) -> None:
     bar = tqdm(stages, desc="reproduce", unit="stage", disable=not progress)
     for stage in bar:
         bar.set_postfix_str(stage.name)
-        if stage.output.exists():
-            tqdm.write(f"[{stage.name}] skipped: {stage.output} exists")
+        if stage.done():
+            tqdm.write(f"[{stage.name}] skipped: {stage.output} is up to date")
             continue
         start = time.perf_counter()
         stage.run()
         tqdm.write(f"[{stage.name}] done in {time.perf_counter() - start:.0f}s: {stage.output}")
 
 
-def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> Stage:
-    from mara_rl.train_scheduler import POLICY_SPEC, SchedulerConfig, policy_dir
+def variant_config(profile: str, paths: Paths, variant: Variant, seed: int) -> SchedulerConfig:
+    from mara_rl.train_scheduler import SchedulerConfig
 
     # fm_path only for FM variants: a WLS run's config then matches `mara train-scheduler`'s.
-    cfg = section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
-                         beta=variant.beta, seed=seed,
-                         fm_path=str(paths.fm.resolve()) if variant.predictor == "fm" else None)
+    return section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
+                          beta=variant.beta, seed=seed,
+                          fm_path=str(paths.fm.resolve()) if variant.predictor == "fm" else None)
+
+
+def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> Stage:
+    from mara_rl.train_scheduler import POLICY_SPEC, policy_dir
+
+    cfg = variant_config(profile, paths, variant, seed)
     out = paths.scheduler(cfg)
 
     def run() -> None:
@@ -127,7 +147,16 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
 
         train(cfg, training_env(cfg, profile, paths.bank), out, run_name=out.name)
 
-    return Stage(f"scheduler {variant.name} seed {seed}", policy_dir(out) / POLICY_SPEC, run)
+    def check() -> None:
+        from mara_rl.train_scheduler import settings_changed, training_env
+
+        changed = settings_changed(out, cfg, training_env(cfg, profile, paths.bank))
+        if changed:
+            raise ValueError(f"{out} was trained with other settings than this code and profile give "
+                             f"({', '.join(changed)}): move it aside (or delete it) to retrain it")
+
+    inputs = (paths.bank, paths.fm / "config.json") if variant.predictor == "fm" else (paths.bank,)
+    return Stage(f"scheduler {variant.name} seed {seed}", policy_dir(out) / POLICY_SPEC, run, inputs, check)
 
 
 def trained_policies(profile: str, paths: Paths) -> dict[tuple[str, int], Path]:
@@ -155,7 +184,8 @@ def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
             evaluate(methods, task_sets, loads, paths.bank, env_cfg,
                      section_config(EvalConfig, profile, "evaluation"), scenario=scenario, out_dir=out)
 
-        return Stage(f"evaluate {name}", out / "results.json", go)
+        return Stage(f"evaluate {name}", out / "results.json", go,
+                     (paths.bank, paths.fm / "config.json", *policies.values()))
 
     main_load = cfg.report.main_load
     sweep = [p for p in cfg.sweep_loads if p != main_load]  # the main load comes from "main"
@@ -201,12 +231,14 @@ def reproduce(profile: str, cfg: PipelineConfig = PipelineConfig(), progress: bo
     stages = [
         Stage("bank", paths.bank,
               lambda: ensure_bank(section_config(BankConfig, profile, "bank"), paths.bank)),
-        Stage("predictor", paths.fm / "config.json", train_fm),
-        Stage("predictor evaluation", paths.predictor_eval, eval_fm),
+        Stage("predictor", paths.fm / "config.json", train_fm, (paths.bank,)),
+        Stage("predictor evaluation", paths.predictor_eval, eval_fm, (paths.bank, paths.fm / "config.json")),
     ]
     stages += [scheduler_stage(profile, paths, v, seed) for seed in seeds for v in VARIANTS]
-    stages += evaluation_stages(profile, paths, cfg, trained_policies(profile, paths))
-    stages.append(Stage("report", paths.report / REPORT_JSON, lambda: make_report(profile, cfg=cfg.report)))
+    evaluations = evaluation_stages(profile, paths, cfg, trained_policies(profile, paths))
+    stages += evaluations
+    stages.append(Stage("report", paths.report / REPORT_JSON, lambda: make_report(profile, cfg=cfg.report),
+                        (paths.predictor_eval, *(e.output for e in evaluations))))
     run_stages(stages, progress)
     return paths.report / "report.md"
 

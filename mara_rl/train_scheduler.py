@@ -395,6 +395,23 @@ def _config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str
             if stored.get(section, {}).get(key, defaults[section].get(key)) != value]
 
 
+def _load_state(out_dir: Path) -> dict[str, Any]:
+    return json.loads(_state_path(out_dir).read_text()) if _state_path(out_dir).exists() else {}
+
+
+def settings_changed(out_dir: Path, cfg: SchedulerConfig, env_cfg: EnvConfig) -> list[str]:
+    """What differs between the run stored in `out_dir` (if any) and `cfg`/`env_cfg`,
+    the predictor's files included: a resume or reuse must find nothing here."""
+    state = _load_state(out_dir)
+    if not state:
+        return []
+    changed = _config_changes(state["config"], _comparable(cfg, env_cfg))
+    digest = predictor_digest(env_cfg.predictor)
+    if state.get("predictor_digest", digest) != digest:
+        changed.append(f"the files of predictor {env_cfg.predictor}")
+    return changed
+
+
 def _save_checkpoint(algo: Any, out_dir: Path) -> Path:
     """Write next to the old checkpoint, then swap, so a crash never leaves none."""
     final, tmp, old = out_dir / "checkpoint", out_dir / "checkpoint.tmp", out_dir / "checkpoint.old"
@@ -414,11 +431,9 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
     if fresh:
         shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = json.loads(_state_path(out_dir).read_text()) if _state_path(out_dir).exists() else {}
-    changed = _config_changes(state["config"], _comparable(cfg, env_cfg)) if state else []
+    state = _load_state(out_dir)
+    changed = settings_changed(out_dir, cfg, env_cfg)
     digest = predictor_digest(env_cfg.predictor)
-    if state.get("predictor_digest", digest) != digest:
-        changed.append(f"the files of predictor {env_cfg.predictor}")
     if changed:
         raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
                          "use --fresh or another --out")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -200,13 +202,43 @@ def test_report_cli_logs_a_run_with_the_files(records: list[Record], tmp_path: P
     assert {"report.md", "report.json", "load_sweep.png", "comparisons.png"} <= files
 
 
-def test_stages_with_outputs_are_skipped(tmp_path: Path) -> None:
+def test_stages_with_current_outputs_are_skipped(tmp_path: Path) -> None:
+    """Skipped: an output newer than its inputs. Rerun: a missing output, or one older than an input."""
     ran: list[str] = []
-    done = tmp_path / "done.json"
-    done.write_text("{}")
-    run_stages([Stage("old", done, lambda: ran.append("old")),
+    source, done, outdated = tmp_path / "in.json", tmp_path / "done.json", tmp_path / "outdated.json"
+    for path, mtime in ((outdated, 1_000), (source, 2_000), (done, 3_000)):
+        path.write_text("{}")
+        os.utime(path, (mtime, mtime))
+    run_stages([Stage("done", done, lambda: ran.append("done"), (source,)),
+                Stage("outdated", outdated, lambda: ran.append("outdated"), (source,)),
                 Stage("new", tmp_path / "new.json", lambda: ran.append("new"))], progress=False)
-    assert ran == ["new"]
+    assert ran == ["outdated", "new"]
+
+
+def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: Path) -> None:
+    """A run trained under another workload (here: the window basis) is named, not reused."""
+    from mara_fm.profile import PROJECT_ROOT
+    from mara_rl.pipeline import Paths, Variant, scheduler_stage, variant_config
+    from mara_rl.train_scheduler import _comparable, training_env
+
+    profile = tmp_path / f"stale_run_{os.getpid()}.toml"  # its runs go to artifacts/scheduler/<stem>-…
+    profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
+    paths, variant = Paths(str(profile)), Variant("mara_wls", "wls")
+    stage = scheduler_stage(str(profile), paths, variant, seed=0)
+    run_dir = stage.output.parent.parent
+    cfg = variant_config(str(profile), paths, variant, seed=0)
+    stored = json.loads(json.dumps(_comparable(cfg, training_env(cfg, str(profile), paths.bank)), default=str))
+    try:
+        stage.output.parent.mkdir(parents=True)
+        stage.output.write_text("{}")
+        (run_dir / "state.json").write_text(json.dumps({"config": stored, "iteration": 1}))
+        assert stage.done()  # the same settings: reused
+        stored["env"]["workload"]["window_basis"] = "target"
+        (run_dir / "state.json").write_text(json.dumps({"config": stored, "iteration": 1}))
+        with pytest.raises(ValueError, match=r"env\.workload.*move it aside"):
+            stage.done()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_evaluate_all_names_every_untrained_variant(tmp_path: Path) -> None:
