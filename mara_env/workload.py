@@ -137,7 +137,8 @@ def draw_tasks(curves: CurveSet, reference: dict[str, np.ndarray] | None, n: int
         target = int(rng.integers(lo, hi + 1))
         ref = curves.avg[rows[i]] if cfg.threshold_source == "curve" else reference[fam]
         level = ref[min(target, curves.cap) - 1]
-        basis = target if cfg.window_basis == "target" else int(np.argmax(ref <= level)) + 1
+        basis = target if cfg.window_basis == "target" else \
+            int(first_crossing(ref[None], np.zeros(1, np.int64), np.array([level]), np.array([target]))[0])
         eps[i] = level * np.exp(rng.normal(0, cfg.eps_jitter))
         if rng.random() < cfg.unreachable_frac:
             eps[i] = curves.avg[rows[i]].min() * rng.uniform(*cfg.unreachable_margin)

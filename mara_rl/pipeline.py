@@ -148,9 +148,11 @@ def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> 
         train(cfg, training_env(cfg, profile, paths.bank), out, run_name=out.name)
 
     def check() -> None:
-        from mara_rl.train_scheduler import settings_changed, training_env
+        from mara_fm.predictors import predictor_digest
+        from mara_rl.train_scheduler import load_state, settings_changed, training_env
 
-        changed = settings_changed(out, cfg, training_env(cfg, profile, paths.bank))
+        env_cfg = training_env(cfg, profile, paths.bank)
+        changed = settings_changed(load_state(out), cfg, env_cfg, predictor_digest(env_cfg.predictor))
         if changed:
             raise ValueError(f"{out} was trained with other settings than this code and profile give "
                              f"({', '.join(changed)}): move it aside (or delete it) to retrain it")

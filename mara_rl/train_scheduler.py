@@ -395,18 +395,18 @@ def _config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str
             if stored.get(section, {}).get(key, defaults[section].get(key)) != value]
 
 
-def _load_state(out_dir: Path) -> dict[str, Any]:
+def load_state(out_dir: Path) -> dict[str, Any]:
+    """A run folder's stored progress and settings ({} before its first save)."""
     return json.loads(_state_path(out_dir).read_text()) if _state_path(out_dir).exists() else {}
 
 
-def settings_changed(out_dir: Path, cfg: SchedulerConfig, env_cfg: EnvConfig) -> list[str]:
-    """What differs between the run stored in `out_dir` (if any) and `cfg`/`env_cfg`,
-    the predictor's files included: a resume or reuse must find nothing here."""
-    state = _load_state(out_dir)
+def settings_changed(state: dict[str, Any], cfg: SchedulerConfig, env_cfg: EnvConfig, digest: str) -> list[str]:
+    """What differs between a stored run (`load_state`) and `cfg`/`env_cfg`, the predictor's
+    files (`digest`, its current `predictor_digest`) included: a resume or reuse must find
+    nothing here."""
     if not state:
         return []
     changed = _config_changes(state["config"], _comparable(cfg, env_cfg))
-    digest = predictor_digest(env_cfg.predictor)
     if state.get("predictor_digest", digest) != digest:
         changed.append(f"the files of predictor {env_cfg.predictor}")
     return changed
@@ -431,9 +431,9 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
     if fresh:
         shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = _load_state(out_dir)
-    changed = settings_changed(out_dir, cfg, env_cfg)
+    state = load_state(out_dir)
     digest = predictor_digest(env_cfg.predictor)
+    changed = settings_changed(state, cfg, env_cfg, digest)
     if changed:
         raise ValueError(f"{out_dir} holds a run with a different config ({', '.join(changed)}); "
                          "use --fresh or another --out")
