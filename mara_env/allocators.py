@@ -1,4 +1,4 @@
-"""Non-learned allocators (DESIGN §6): FIFO, EDF and LARA.
+"""Non-learned allocators (DESIGN §6): FIFO, EDF and LARA (and two variants of LARA).
 
 Each maps a `SlotView` to a valid joint action (slot j is action j+1, each
 slot picked by at most one node). The Oracle bound is not an allocator: it
@@ -8,7 +8,6 @@ is computed per episode by `mara_env.workload.oracle_successes`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import replace
 
 import numpy as np
 
@@ -70,26 +69,31 @@ class LARA(Allocator):
 
     name = "lara"
 
+    def estimate(self, view: SlotView) -> np.ndarray:
+        """The demand the plan reads."""
+        return view.predicted
+
+    def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
+        """DESIGN's test, on the task just added (the latest deadline so far)."""
+        return demand[kept].sum() > n_nodes * time_left[kept[-1]]
+
+    def service_order(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray) -> list[int]:
+        return kept  # already in EDF order
+
     def act(self, view: SlotView) -> np.ndarray:
         slots = np.flatnonzero(view.present)
         edf = slots[np.lexsort((view.arrival[slots], view.deadline[slots]))]
         warm = [s for s in edf if view.observed[s] < WARMUP_POINTS]
         rest = [s for s in edf if view.observed[s] >= WARMUP_POINTS]
-        time_left = view.deadline - view.t
-        demand = np.maximum(view.predicted, 1.0)
-        candidates = [s for s in rest if demand[s] <= time_left[s]]
+        time_left = (view.deadline - view.t).astype(np.float64)
+        demand = np.maximum(self.estimate(view), 1.0)
         kept: list[int] = []
-        load = 0.0
-        for s in candidates:  # already in EDF order
+        for s in (s for s in rest if demand[s] <= time_left[s]):  # EDF order
             kept.append(s)
-            load += demand[s]
-            if load > view.n_nodes * time_left[s]:
-                worst = max(kept, key=lambda k: demand[k])
-                kept.remove(worst)
-                load -= demand[worst]
-        chosen = warm + kept
+            if self.overloaded(kept, demand, time_left, view.n_nodes):
+                kept.remove(max(kept, key=lambda k: demand[k]))
         leftover = sorted((s for s in rest if s not in kept), key=lambda s: (demand[s] - time_left[s], s))
-        return joint_action(chosen + leftover, view.n_nodes)
+        return joint_action(warm + self.service_order(kept, demand, time_left) + leftover, view.n_nodes)
 
 
 class OptimisticLARA(LARA):
@@ -108,10 +112,49 @@ class OptimisticLARA(LARA):
 
     name = "lara_optimistic"
 
-    def act(self, view: SlotView) -> np.ndarray:
+    def estimate(self, view: SlotView) -> np.ndarray:
         if view.optimistic is None:
-            raise ValueError("lara_optimistic needs an env with EnvConfig.optimistic_quantile set")
-        return super().act(replace(view, predicted=view.optimistic))
+            raise ValueError(f"{self.name} needs an env with EnvConfig.optimistic_quantile set")
+        return view.optimistic
 
 
-ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in (FIFO, EDF, LARA, OptimisticLARA)}
+def can_meet_deadlines(demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
+    """Whether tasks all present now, each needing `demand` steps on one node at a time
+    before `time_left` runs out, fit on `n_nodes` nodes (preemption and moves free).
+
+    For every deadline τ, the work that must be done before τ — all of a task due by
+    then, and of a later one the part that does not fit between τ and its own
+    deadline — must fit in n_nodes·τ. With a common start this is exact (checked
+    against the max-flow formulation of the problem on random instances).
+    """
+    if (demand > time_left).any():
+        return False
+    for tau in np.unique(time_left):
+        if np.maximum(demand - np.maximum(time_left - tau, 0.0), 0.0).sum() > n_nodes * tau:
+            return False
+    return True
+
+
+class LeastLaxity(OptimisticLARA):
+    """`lara_optimistic` with the exact feasibility test and least-laxity-first service.
+
+    DESIGN's test counts only the tasks due by each deadline and EDF service lets a
+    long task with a later deadline wait until it can no longer finish; both are
+    exact on one node and not on N. Here the kept set passes `can_meet_deadlines`,
+    and it is served by least laxity (time left − demand), which keeps a long task
+    running. It pays with exact demands and not with forecasts, whose errors make a
+    task look urgent when it is merely overestimated (README "Allocators"); the
+    evaluation runs it on the true demand (`llf_oracle`): how close planning on
+    exact information comes to the Oracle bound.
+    """
+
+    name = "llf"
+
+    def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
+        return not can_meet_deadlines(demand[kept], time_left[kept], n_nodes)
+
+    def service_order(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray) -> list[int]:
+        return sorted(kept, key=lambda s: (time_left[s] - demand[s], time_left[s], s))
+
+
+ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in (FIFO, EDF, LARA, OptimisticLARA, LeastLaxity)}

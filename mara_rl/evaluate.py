@@ -99,7 +99,8 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
 
 def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | None = None) -> dict[str, Method]:
     """The non-learned methods; `lara_fm` with an FM predictor, `lara_fm_optimistic` with
-    that and an optimistic quantile (the profile's `[env] optimistic_quantile`)."""
+    that and an optimistic quantile (the profile's `[env] optimistic_quantile`), `llf_oracle`
+    with the quantile."""
     methods = {
         "fifo": Method("fifo", "wls", classic("fifo")),
         "edf": Method("edf", "wls", classic("edf")),
@@ -110,6 +111,10 @@ def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | Non
     }
     if fm_path:
         methods["lara_fm"] = Method("lara_fm", f"fm:{fm_path}", classic("lara"))
+    if optimistic_quantile is not None:
+        # Exact feasibility and least-laxity service on the true demand: how close planning
+        # on exact information comes to the Oracle bound.
+        methods["llf_oracle"] = Method("llf_oracle", "oracle", classic("llf"), optimistic_quantile=optimistic_quantile)
     if fm_path and optimistic_quantile is not None:
         # LARA-FM planning on the optimistic quantile of FM's samples: MARA's imitation teacher.
         methods["lara_fm_optimistic"] = Method("lara_fm_optimistic", f"fm:{fm_path}", classic("lara_optimistic"),

@@ -183,9 +183,12 @@ def target_checks(report: dict[str, Any], margin: float, margin_id: float) -> li
         c = mean["lara"]
         evidence = interval(c)
         rows = report["table2"]["rows"]
-        if MEAN in rows.get("lara_oracle", {}) and MEAN in rows.get("lara", {}):
-            room = rows["lara_oracle"][MEAN]["mean"] - rows["lara"][MEAN]["mean"]
-            evidence += f" (lara_oracle, LARA told the true demand: {points(room)})"
+        references = {"lara_oracle": "LARA told the true demand",
+                      "llf_oracle": "least-laxity planner told the true demand"}
+        rooms = [f"{name}, {what}: {points(rows[name][MEAN]['mean'] - rows['lara'][MEAN]['mean'])}"
+                 for name, what in references.items() if MEAN in rows.get(name, {}) and MEAN in rows.get("lara", {})]
+        if rooms:
+            evidence += f" ({'; '.join(rooms)})"
         add(f"{report['reference']} − lara on the mean ≥ {100 * margin:.1f} points, CI excluding 0",
             c["mean"] >= margin and c["low"] > 0, evidence)
     if "lara" in on_id:

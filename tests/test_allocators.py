@@ -3,8 +3,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mara_env.allocators import ALLOCATORS
-from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
+from mara_env.allocators import ALLOCATORS, can_meet_deadlines
+from mara_env.env import EnvConfig, MultiNodeEnv, SlotView, load_curves
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import oracle_successes, stress_episode
 
@@ -44,8 +44,6 @@ def test_stress_scenario_separates_estimators_from_fifo_and_edf(smoke_bank):
 
 
 def test_lara_prefers_tasks_it_can_finish():
-    from mara_env.env import SlotView
-
     # Two tasks, one node: slot 0 cannot finish (demand 50, 10 steps left), slot 1 can.
     view = SlotView(t=0, present=np.array([True, True]), arrival=np.array([0, 1]),
                     deadline=np.array([10, 20]), observed=np.array([5, 5]),
@@ -65,3 +63,39 @@ def test_lara_prefers_tasks_it_can_finish():
     assert ALLOCATORS["lara_optimistic"]().act(hopeless).tolist() == [2]
     with pytest.raises(ValueError, match="optimistic_quantile"):
         ALLOCATORS["lara_optimistic"]().act(view)
+
+
+def test_exact_feasibility_counts_the_work_later_deadlines_cannot_postpone():
+    # Two nodes. C needs every one of its 10 steps, so one node is C's throughout and A
+    # and B (2 steps each, both due in 2) cannot both finish; DESIGN's test only sums
+    # the demand due by each deadline (4 <= 2·2, 14 <= 2·10) and calls the set feasible.
+    demand, time_left = np.array([2.0, 2.0, 10.0]), np.array([2.0, 2.0, 10.0])
+    assert not can_meet_deadlines(demand, time_left, n_nodes=2)
+    assert can_meet_deadlines(demand, np.array([4.0, 4.0, 10.0]), n_nodes=2)
+    assert not can_meet_deadlines(np.array([5.0]), np.array([4.0]), n_nodes=3)  # one node per task
+
+
+def successes_on_exact_demand(name: str, demand: list[float], deadline: list[int], n_nodes: int) -> int:
+    """Play an allocator that is told each task's exact remaining demand, all tasks present at 0."""
+    remaining, deadline = np.array(demand), np.array(deadline)
+    present = np.ones(len(demand), bool)
+    done = 0
+    for t in range(int(deadline.max())):
+        view = SlotView(t=t, present=present.copy(), arrival=np.arange(len(demand)), deadline=deadline,
+                        observed=np.full(len(demand), 10), predicted=remaining.copy(), n_nodes=n_nodes,
+                        optimistic=remaining.copy())
+        for slot in ALLOCATORS[name]().act(view):
+            if slot:
+                remaining[slot - 1] -= 1
+        finished = present & (remaining <= 0)
+        done += int(finished.sum())
+        present &= ~finished & (deadline > t + 1)
+    return done
+
+
+def test_least_laxity_keeps_a_long_task_running_where_edf_lets_it_miss():
+    # Two nodes: A and B need 2 steps by t = 4, C needs 10 by t = 10. Served EDF, A and B
+    # take both nodes first and C can no longer finish; least laxity runs C throughout.
+    tasks = ([2.0, 2.0, 10.0], [4, 4, 10])
+    assert successes_on_exact_demand("lara_optimistic", *tasks, n_nodes=2) == 2
+    assert successes_on_exact_demand("llf", *tasks, n_nodes=2) == 3

@@ -54,9 +54,9 @@ PREDICTOR_EVAL = [{"task_set": "id", "predictor": "fm", "n_queries": 12, "capped
 
 @pytest.fixture(scope="module")
 def records(smoke_bank: Path) -> list[Record]:
-    builtin = builtin_methods()
+    builtin = builtin_methods(optimistic_quantile=0.15)
     methods = [Method("mara", "wls", classic("edf"), seed=s) for s in (0, 1)]
-    methods += [builtin[m] for m in ("lara", "fifo", "edf", "lara_oracle", "oracle")] + [IDLE]
+    methods += [builtin[m] for m in ("lara", "fifo", "edf", "lara_oracle", "llf_oracle", "oracle")] + [IDLE]
     env_cfg, eval_cfg = EnvConfig(bank=str(smoke_bank)), EvalConfig(roots=2, episodes_per_root=1)
 
     def run(task_sets: list[str], loads: list[float], scenario: str = "default") -> list[Record]:
@@ -90,7 +90,8 @@ def test_every_table_and_figure_is_written(written: Path) -> None:
     assert report["table2"]["columns"] == [*TASK_SETS, MEAN]
     assert report["load_sweep"]["loads"] == [0.04, 0.05, 0.06, 0.07]
     assert report["load_sweep"]["task_sets"] == ["id"]
-    assert set(report["table3"]["rows"]) == {"mara", "lara", "fifo", "edf", "lara_oracle", "oracle", "idle"}
+    assert set(report["table3"]["rows"]) == {"mara", "lara", "fifo", "edf", "lara_oracle", "llf_oracle", "oracle",
+                                                  "idle"}
     assert report["table4"]["oracle"]["utilisation"] is None  # not simulated: shown as "–"
     assert "| id | fm | 12 | 10.50 |" in md  # stage one's table, formatted by its own module
 
@@ -241,6 +242,35 @@ def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: P
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def test_an_evaluation_missing_a_method_is_run_again(tmp_path: Path) -> None:
+    """Results newer than every input are still redone when a method (or seed) is missing."""
+    from dataclasses import asdict
+
+    from mara_fm.profile import PROJECT_ROOT
+    from mara_rl.pipeline import CLASSIC, Paths, PipelineConfig, evaluation_stages
+
+    profile = tmp_path / f"new_method_{os.getpid()}.toml"  # results go to reports/<stem>/eval
+    profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
+    paths = Paths(str(profile))
+    policies = {("mara", 0): tmp_path / "mara" / "policy.json"}
+    main = evaluation_stages(str(profile), paths, PipelineConfig(), policies)[0]
+
+    def record(method: str, seed: int | None) -> dict:
+        return asdict(Record(method, "id", 0.04, "default", 0.5, 0.0, [0.5], [0.5], 20.0, seed=seed))
+
+    everything = [record("mara", 0)] + [record(m, None) for m in CLASSIC]
+    try:
+        main.output.parent.mkdir(parents=True)
+        main.output.write_text(json.dumps(everything))
+        assert main.done()
+        main.output.write_text(json.dumps([r for r in everything if r["method"] != "llf_oracle"]))
+        assert not main.done()
+        main.output.write_text(json.dumps([r for r in everything if r["method"] != "mara"]))
+        assert not main.done()
+    finally:
+        shutil.rmtree(paths.report, ignore_errors=True)
+
+
 def test_evaluate_all_names_every_untrained_variant(tmp_path: Path) -> None:
     from mara_fm.profile import PROJECT_ROOT
     from mara_rl.pipeline import evaluate_all
@@ -259,7 +289,9 @@ def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:
     assert margin["met"] == (vs_lara["mean"] >= 0.085 and vs_lara["low"] > 0)
     rows = report["table2"]["rows"]  # the room exact demand gives LARA, stated next to the margin
     room = 100 * (rows["lara_oracle"]["mean"]["mean"] - rows["lara"]["mean"]["mean"])
-    assert f"(lara_oracle, LARA told the true demand: {room:+.2f})" in margin["evidence"]
+    assert f"(lara_oracle, LARA told the true demand: {room:+.2f};" in margin["evidence"]
+    room = 100 * (rows["llf_oracle"]["mean"]["mean"] - rows["lara"]["mean"]["mean"])
+    assert f"llf_oracle, least-laxity planner told the true demand: {room:+.2f})" in margin["evidence"]
     on_id = report["table2_comparisons"]["id"]
     assert targets["mara − lara on id ≥ 8.0 points"]["met"] == (on_id["lara"]["mean"] >= 0.08)
     assert targets["mara above fifo on id"]["met"] == (on_id["fifo"]["mean"] > 0)

@@ -1,0 +1,109 @@
+"""Probe: where the teacher's room lies — in the planning or in the forecasts?
+
+Scores three planners on the frozen ID validation episodes — LARA (DESIGN's
+Moore–Hodgson test, EDF service), `lara_optimistic` (MARA's teacher: the same
+on the optimistic estimate, a never-crossing forecast read as infinite
+demand) and `llf` (the exact N-node feasibility test and least-laxity
+service) — each fed by WLS, by the FM predictor, by FM with one of its two
+kinds of error removed (whether the task reaches its threshold at all, or
+how long it takes when both FM and the truth say it does), by the true
+remaining demand, and by the true demand with a multiplicative error
+exp(σ·z), z ~ N(0, 1) drawn once per task (so the error persists, and
+shrinks in batches as the task nears its threshold, like a forecast's).
+Where the planners part ways as σ grows says how accurate forecasts must be
+before the better planner pays.
+
+    python experiments/planning_probe.py --fm artifacts/predictor/default/predictor --out reports/default/probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from mara_env.env import EnvConfig
+from mara_env.vector import replay_in_lockstep
+from mara_fm.fm_predictor import FMPredictor
+from mara_fm.predictors import HistoryBatch
+from mara_fm.predictors.oracle import OraclePredictor, first_crossing
+from mara_fm.profile import section_config
+from mara_rl.evaluate import classic, pooled_episodes
+from mara_rl.pipeline import Paths
+
+PLANNERS = ("lara", "lara_optimistic", "llf")
+
+
+class NoisyOracle(OraclePredictor):
+    """The true remaining demand times exp(σ·z), z fixed per task (keyed by its threshold,
+    which the workload jitters per task)."""
+
+    def __init__(self, sigma: float, seed: int = 0) -> None:
+        self.sigma, self.seed = sigma, seed
+
+    def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        z = np.array([np.random.default_rng([self.seed, int(e.view(np.int64) & 0x7FFFFFFF)]).standard_normal()
+                      for e in eps.astype(np.float64)])
+        return super()._predict(hist, eps, horizon) * np.exp(self.sigma * z)
+
+
+class PartlyTrueFM(FMPredictor):
+    """FM's band with one kind of error replaced by the truth: `reach` (whether the task
+    reaches ε within the horizon; FM's figures kept, capped below the horizon, for the
+    tasks that do) or `amount` (the true demand where FM and the truth both say it does)."""
+
+    def __init__(self, base: FMPredictor, truth: str) -> None:
+        super().__init__(base.model, base.cfg, base.stats)
+        self.truth = truth
+
+    def _predict_band(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
+                      quantile: float) -> np.ndarray:
+        band = super()._predict_band(hist, eps, horizon, quantile)
+        true = first_crossing(hist.future, hist.lengths, eps, horizon)
+        reaches = true < horizon
+        if self.truth == "reach":
+            band[~reaches] = horizon[~reaches, None]
+            band[reaches] = np.minimum(band[reaches], horizon[reaches, None] - 1)
+        else:
+            both = reaches & (band[:, 1] < horizon)
+            band[both] = true[both, None]
+        return band
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="default")
+    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.5")
+    parser.add_argument("--roots", type=int, default=5)
+    parser.add_argument("--episodes-per-root", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    paths = Paths(args.profile)
+    cfg = section_config(EnvConfig, args.profile, "env", bank=str(paths.bank), split="val", task_set="id")
+    if cfg.optimistic_quantile is None:
+        raise ValueError(f"profile {args.profile!r} has no [env] optimistic_quantile: the teacher needs it")
+    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
+    fm = FMPredictor.load(args.fm or paths.fm)
+    predictors: dict[str, object] = {"wls": "wls", "fm": fm, "fm, reach from the truth": PartlyTrueFM(fm, "reach"),
+                                     "fm, amount from the truth": PartlyTrueFM(fm, "amount"),
+                                     "true demand": "oracle"}
+    predictors.update({f"true × exp({s}·z)": NoisyOracle(float(s)) for s in args.sigmas.split(",")})
+    lines = [f"Success (%) on {len(episodes)} ID validation episodes at p = {cfg.arrival_prob}.", "",
+             "| demand from | " + " | ".join(PLANNERS) + " |", "|---|" + "---|" * len(PLANNERS)]
+    for label, predictor in predictors.items():
+        run_cfg = dataclasses.replace(cfg, predictor=predictor)
+        rates = [100 * np.mean([f["success_rate"] for f in replay_in_lockstep(run_cfg, episodes, classic(p)())])
+                 for p in PLANNERS]
+        lines.append(f"| {label} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
+        print(lines[-1], flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "planning_probe.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
