@@ -27,8 +27,9 @@ TRAIN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--burst-prob", {"type": float, "help": "share of training episodes with an overload burst"}),
     ("--imitation-episodes", {"type": int, "help": "warm start: imitate the teacher on N training "
                               "episodes before PPO (0 = off; see mara_rl.imitation)"}),
-    ("--imitation-teacher", {"help": "fifo | edf | lara (default) | lara_oracle (LARA on the true "
-                             "remaining demand: a privileged teacher)"}),
+    ("--imitation-teacher", {"help": "fifo | edf | lara (default) | lara_optimistic | llf (both need "
+                             "[env] optimistic_quantile) | lara_oracle (LARA on the true remaining "
+                             "demand: a privileged teacher)"}),
     ("--dagger-rounds", {"type": int, "help": "warm start: DAgger rounds after imitation "
                          "(imitation_dagger_rounds; 0 = behaviour cloning only)"}),
     ("--anchor", {"type": float, "help": "KL anchor to the warm-started policy during PPO "
