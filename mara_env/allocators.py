@@ -124,8 +124,8 @@ def can_meet_deadlines(demand: np.ndarray, time_left: np.ndarray, n_nodes: int) 
 
     For every deadline τ, the work that must be done before τ — all of a task due by
     then, and of a later one the part that does not fit between τ and its own
-    deadline — must fit in n_nodes·τ. With a common start this is exact (checked
-    against the max-flow formulation of the problem on random instances).
+    deadline — must fit in n_nodes·τ. With a common start this is exact (the tests
+    check it against the problem's transportation LP on random instances).
     """
     if (demand > time_left).any():
         return False

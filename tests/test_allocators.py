@@ -75,6 +75,33 @@ def test_exact_feasibility_counts_the_work_later_deadlines_cannot_postpone():
     assert not can_meet_deadlines(np.array([5.0]), np.array([4.0]), n_nodes=3)  # one node per task
 
 
+def test_exact_feasibility_agrees_with_the_transportation_lp():
+    """Tasks all present now, preemption and moves free: feasible iff work can be spread over the
+    intervals between deadlines, at most the interval's length per task and N times it in all (an
+    LP; McNaughton's wrap-around turns any such split into a schedule)."""
+    from scipy.optimize import linprog
+
+    def lp_feasible(demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
+        ends = np.unique(time_left)
+        length = np.diff(ends, prepend=0.0)
+        n, k = len(demand), len(ends)
+        bounds = [(0.0, length[i] if ends[i] <= time_left[j] else 0.0) for j in range(n) for i in range(k)]
+        per_task = np.kron(np.eye(n), np.ones(k))
+        per_interval = np.tile(np.eye(k), n)
+        return linprog(np.zeros(n * k), A_ub=per_interval, b_ub=n_nodes * length, A_eq=per_task, b_eq=demand,
+                       bounds=bounds).status == 0
+
+    rng = np.random.default_rng(0)
+    outcomes = []
+    for _ in range(300):
+        n, n_nodes = rng.integers(1, 8), int(rng.integers(1, 4))
+        time_left = rng.integers(1, 12, n).astype(float)
+        demand = np.minimum(rng.integers(1, 12, n), time_left)  # each could finish alone
+        outcomes.append(can_meet_deadlines(demand, time_left, n_nodes))
+        assert outcomes[-1] == lp_feasible(demand, time_left, n_nodes)
+    assert 0.25 < np.mean(outcomes) < 0.75  # both answers are exercised
+
+
 def successes_on_exact_demand(name: str, demand: list[float], deadline: list[int], n_nodes: int) -> int:
     """Play an allocator that is told each task's exact remaining demand, all tasks present at 0."""
     remaining, deadline = np.array(demand), np.array(deadline)
