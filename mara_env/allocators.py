@@ -73,6 +73,10 @@ class LARA(Allocator):
         """The demand the plan reads."""
         return view.predicted
 
+    def judged_after(self, view: SlotView) -> int:
+        """Observations before a task's forecast counts; fewer: served first, EDF."""
+        return WARMUP_POINTS
+
     def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
         """DESIGN's test, on the task just added (the latest deadline so far)."""
         return demand[kept].sum() > n_nodes * time_left[kept[-1]]
@@ -83,8 +87,9 @@ class LARA(Allocator):
     def act(self, view: SlotView) -> np.ndarray:
         slots = np.flatnonzero(view.present)
         edf = slots[np.lexsort((view.arrival[slots], view.deadline[slots]))]
-        warm = [s for s in edf if view.observed[s] < WARMUP_POINTS]
-        rest = [s for s in edf if view.observed[s] >= WARMUP_POINTS]
+        first = self.judged_after(view)
+        warm = [s for s in edf if view.observed[s] < first]
+        rest = [s for s in edf if view.observed[s] >= first]
         time_left = (view.deadline - view.t).astype(np.float64)
         demand = np.maximum(self.estimate(view), 1.0)
         kept: list[int] = []
@@ -107,7 +112,9 @@ class OptimisticLARA(LARA):
     that even the optimistic sample never brings to its threshold within its
     generation cap (where LARA's median reads the rest of the cap, which looks
     feasible when the deadline is at the cap): such a task is dropped and gets
-    leftover nodes last. With WLS it is LARA with that rule.
+    leftover nodes last. With WLS it is LARA with that rule. With
+    `EnvConfig.probe_points` = P, a task is judged only after P observations
+    (before that it is served first, like a task in warm-up).
     """
 
     name = "lara_optimistic"
@@ -116,6 +123,9 @@ class OptimisticLARA(LARA):
         if view.optimistic is None:
             raise ValueError(f"{self.name} needs an env with EnvConfig.optimistic_quantile set")
         return view.optimistic
+
+    def judged_after(self, view: SlotView) -> int:
+        return view.probe_points or WARMUP_POINTS
 
 
 def can_meet_deadlines(demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:

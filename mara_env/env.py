@@ -62,6 +62,13 @@ class EnvConfig:
     # as 1, when it does not reach the threshold within the task's generation cap),
     # and allocators see it as `SlotView.optimistic`. None: the four features of DESIGN.
     optimistic_quantile: float | None = None
+    # An addition to DESIGN §3: observations a task gets before its forecast may count
+    # against it. Allocators that read it (`lara_optimistic`, `llf`) serve tasks with fewer
+    # first, as LARA does tasks in the predictor's 4-point warm-up: a forecast from 4
+    # points cannot see a plateau that breaks later. With it set each slot also shows
+    # min(observed, probe_points) / probe_points, so the MAT can tell those tasks apart.
+    # None: no such feature, and those allocators judge after the warm-up.
+    probe_points: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.workload, dict):
@@ -82,6 +89,9 @@ class EnvConfig:
         if self.optimistic_quantile is not None and not 0.0 <= self.optimistic_quantile <= 0.5:
             raise ValueError(f"EnvConfig.optimistic_quantile must be in [0, 0.5] or None, "
                              f"got {self.optimistic_quantile}")
+        if self.probe_points is not None and self.probe_points < WARMUP_POINTS:
+            raise ValueError(f"EnvConfig.probe_points must be >= {WARMUP_POINTS} (the predictor's warm-up) "
+                             f"or None, got {self.probe_points}")
 
     @classmethod
     def from_overrides(cls, **overrides: Any) -> EnvConfig:
@@ -98,7 +108,7 @@ class EnvConfig:
 
     @property
     def slot_features(self) -> int:
-        return BASE_SLOT_FEATURES + (self.optimistic_quantile is not None)
+        return BASE_SLOT_FEATURES + (self.optimistic_quantile is not None) + (self.probe_points is not None)
 
 
 @functools.lru_cache(maxsize=16)
@@ -142,7 +152,7 @@ class MultiNodeEnv(gym.Env):
     Action: `MultiDiscrete([K+1]*N)`, per node 0 = idle, j = slot j−1.
     Observation: per-slot features [present, predicted remaining batches / cap,
     time to deadline / cap, warm-up fraction, (optimistic remaining / cap, with
-    `optimistic_quantile`)], globals [busy nodes / N, active
+    `optimistic_quantile`), (observed / probe_points, capped at 1, with `probe_points`)], globals [busy nodes / N, active
     / K, waiting / Q, t / T] and the slot mask. The elapsed-time feature is an
     addition to DESIGN §3: with γ = 1 and a fixed horizon the value of a state
     depends on the time left, which the counts alone do not reveal.
@@ -201,7 +211,8 @@ class MultiNodeEnv(gym.Env):
         self.task_feat[:, 0] = 1.0
         self.task_feat[:, 1] = 1.0  # the remaining cap, normalised
         self.task_feat[:, 2] = self.deadline / self.cap
-        self.task_feat[:, BASE_SLOT_FEATURES:] = 1.0  # the optimistic estimate starts at the cap too
+        if self.cfg.optimistic_quantile is not None:
+            self.task_feat[:, BASE_SLOT_FEATURES] = 1.0  # the optimistic estimate starts at the cap too
         self.slot_task = np.full(self.cfg.n_slots, -1, np.int64)
         self.queue: deque[int] = deque()
         self.next_arrival = 0
@@ -360,6 +371,8 @@ class MultiNodeEnv(gym.Env):
         self.pred[tasks] = remaining
         self.task_feat[tasks, 1] = np.minimum(remaining / self.cap, 1.0)
         self.task_feat[tasks, 3] = np.minimum(self.n_obs[tasks], WARMUP_POINTS) / WARMUP_POINTS
+        if self.cfg.probe_points is not None:  # the last column
+            self.task_feat[tasks, -1] = np.minimum(self.n_obs[tasks], self.cfg.probe_points) / self.cfg.probe_points
 
     # ------------------------------------------------------------------ views
 
@@ -417,6 +430,7 @@ class MultiNodeEnv(gym.Env):
             predicted=np.where(present, self.pred[t], 0.0), n_nodes=self.cfg.n_nodes,
             optimistic=(np.where(present, self.pred_low[t], 0.0)
                         if self.cfg.optimistic_quantile is not None else None),
+            probe_points=self.cfg.probe_points,
         )
 
 
@@ -432,6 +446,7 @@ class SlotView:
     predicted: np.ndarray
     n_nodes: int
     optimistic: np.ndarray | None = None  # with EnvConfig.optimistic_quantile only
+    probe_points: int | None = None  # EnvConfig.probe_points
 
 
 def sample_episodes(config: EnvConfig, count: int, seed: int) -> list[Episode]:

@@ -70,7 +70,8 @@ class Method:
     predictor: str
     make: Callable[[], BatchDecide] | None  # None: the Oracle bound, not simulated
     seed: int | None = None  # scheduler training seed; None for methods that are not trained
-    optimistic_quantile: float | None = None  # the env option of that name the method runs with
+    optimistic_quantile: float | None = None  # the env options of these names the method runs with
+    probe_points: int | None = None
 
 
 def classic(name: str) -> Callable[[], BatchDecide]:
@@ -94,13 +95,15 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
         return lambda obs, envs: act(module, obs)
 
     trained_in = policy_env(policy_dir)
-    return Method(name, trained_in["predictor"], make, seed, trained_in["optimistic_quantile"])
+    return Method(name, trained_in["predictor"], make, seed, trained_in["optimistic_quantile"],
+                  trained_in["probe_points"])
 
 
-def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | None = None) -> dict[str, Method]:
+def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | None = None,
+                    probe_points: int | None = None) -> dict[str, Method]:
     """The non-learned methods; `lara_fm` with an FM predictor, `lara_fm_optimistic` with
-    that and an optimistic quantile (the profile's `[env] optimistic_quantile`), `llf_oracle`
-    with the quantile."""
+    that and an optimistic quantile (the profile's `[env] optimistic_quantile`; it also
+    runs with the profile's `probe_points`, as MARA's teacher), `llf_oracle` with the quantile."""
     methods = {
         "fifo": Method("fifo", "wls", classic("fifo")),
         "edf": Method("edf", "wls", classic("edf")),
@@ -118,7 +121,7 @@ def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | Non
     if fm_path and optimistic_quantile is not None:
         # LARA-FM planning on the optimistic quantile of FM's samples: MARA's imitation teacher.
         methods["lara_fm_optimistic"] = Method("lara_fm_optimistic", f"fm:{fm_path}", classic("lara_optimistic"),
-                                               optimistic_quantile=optimistic_quantile)
+                                               optimistic_quantile=optimistic_quantile, probe_points=probe_points)
     return methods
 
 
@@ -187,7 +190,8 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
             tasks += [len(e) for e in root_eps]
         return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
     cfg = EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor,
-                       "optimistic_quantile": method.optimistic_quantile, "strict": True})
+                       "optimistic_quantile": method.optimistic_quantile, "probe_points": method.probe_points,
+                       "strict": True})
     flat = [ep for root_eps in episodes for ep in root_eps]
     outs = replay_in_lockstep(cfg, flat, method.make())
     completion = completion_by_slack(flat, [out["succeeded"] for out in outs],

@@ -126,3 +126,17 @@ def test_least_laxity_keeps_a_long_task_running_where_edf_lets_it_miss():
     tasks = ([2.0, 2.0, 10.0], [4, 4, 10])
     assert successes_on_exact_demand("lara_optimistic", *tasks, n_nodes=2) == 2
     assert successes_on_exact_demand("llf", *tasks, n_nodes=2) == 3
+
+
+def test_probe_points_delay_the_judgement_of_a_new_task():
+    # One node. Slot 0 has 5 observations and a forecast that says it cannot finish; slot 1
+    # (deadline earlier) is on track. Judged after 4 observations slot 0 is dropped; with
+    # probe_points = 12 it is still being probed and is served first.
+    view = SlotView(t=0, present=np.array([True, True]), arrival=np.array([0, 1]),
+                    deadline=np.array([30, 20]), observed=np.array([5, 15]),
+                    predicted=np.array([200.0, 8.0]), n_nodes=1, optimistic=np.array([200.0, 8.0]))
+    assert ALLOCATORS["lara_optimistic"]().act(view).tolist() == [2]
+    probing = dataclasses.replace(view, probe_points=12)
+    assert ALLOCATORS["lara_optimistic"]().act(probing).tolist() == [1]
+    assert ALLOCATORS["llf"]().act(probing).tolist() == [1]
+    assert ALLOCATORS["lara"]().act(probing).tolist() == [2]  # DESIGN's LARA judges after the warm-up

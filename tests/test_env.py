@@ -148,6 +148,27 @@ def test_optimistic_feature_shows_the_predictors_low_estimate(smoke_bank, untrai
     assert lower > 0 and never > 0  # the samples do spread, and some never cross
 
 
+def test_probe_feature_counts_observations_up_to_probe_points(smoke_bank):
+    """`probe_points` adds a last slot feature, observed / P capped at 1, beside the optimistic one,
+    and hands P to allocators; it is refused below the predictor's 4-point warm-up."""
+    env = MultiNodeEnv(EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1,
+                                 optimistic_quantile=0.15, probe_points=12))
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    seen = set()
+    for _ in range(80):
+        obs, *_ = env.step(random_valid_action(obs, 7, rng, idle_prob=0.0))
+        assert obs["slots"].shape == (16, 6) and env.observation_space.contains(obs)
+        view = env.scheduler_view()
+        present = view.present
+        np.testing.assert_allclose(obs["slots"][present, 5], np.minimum(view.observed[present], 12) / 12)
+        assert view.probe_points == 12
+        seen |= set(np.round(obs["slots"][present, 5] * 12).astype(int).tolist())
+    assert {1, 6, 12} <= seen  # counts beyond the warm-up's 4 are told apart
+    with pytest.raises(ValueError, match="probe_points must be >= 4"):
+        EnvConfig(probe_points=3)
+
+
 def test_training_bursts_put_doomed_tasks_before_short_ones(smoke_bank):
     env = make(smoke_bank, split="train", burst_prob=1.0).unwrapped
     plain = make(smoke_bank, split="train").unwrapped

@@ -170,7 +170,7 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     spec = f"fm:{fm_dir}"
     env_cfg = EnvConfig(predictor=spec)
     policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", env_cfg)
-    assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None}
+    assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None}
     config = fm_dir / "config.json"
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ValueError, match="has changed since this policy was trained"):
@@ -178,16 +178,16 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
 
 
 def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Path, tmp_path: Path) -> None:
-    """A policy trained on the optimistic-forecast observation (5 slot features) exports
-    that layout, reloads with it, and acts on that env's observations."""
-    env_cfg = EnvConfig(predictor="wls", optimistic_quantile=0.15, bank=str(smoke_bank))
+    """A policy trained on the optimistic-forecast and probe observation (6 slot features)
+    exports that layout, reloads with it, and acts on that env's observations."""
+    env_cfg = EnvConfig(predictor="wls", optimistic_quantile=0.15, probe_points=12, bank=str(smoke_bank))
     trained = module_spec(env_cfg, MATConfig()).build()
     policy = export_policy(trained, tmp_path / "policy", env_cfg)
-    assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15}
+    assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15, "probe_points": 12}
     loaded = load_policy(policy)
-    assert loaded.slot_embed[0].in_features == 5
+    assert loaded.slot_embed[0].in_features == 6
     obs, _ = MultiNodeEnv(env_cfg).reset(seed=0)
-    assert obs["slots"].shape == (env_cfg.n_slots, 5)
+    assert obs["slots"].shape == (env_cfg.n_slots, 6)
     np.testing.assert_array_equal(act(loaded, obs), act(trained.eval(), obs))
 
 
