@@ -13,7 +13,7 @@ shrinks in batches as the task nears its threshold, like a forecast's).
 Where the planners part ways as σ grows says how accurate forecasts must be
 before the better planner pays.
 
-    python experiments/planning_probe.py --fm artifacts/predictor/default/predictor --out reports/default/probe
+    python experiments/planning_probe.py --no-probe --out reports/default/probe
 """
 
 from __future__ import annotations
@@ -79,11 +79,15 @@ def main() -> None:
     parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.5")
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
+    parser.add_argument("--no-probe", action="store_true",
+                        help="judge every task after the predictor's warm-up (ignore the profile's probe_points)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
     paths = Paths(args.profile)
     cfg = section_config(EnvConfig, args.profile, "env", bank=str(paths.bank), split="val", task_set="id")
+    if args.no_probe:
+        cfg = dataclasses.replace(cfg, probe_points=None)
     if cfg.optimistic_quantile is None:
         raise ValueError(f"profile {args.profile!r} has no [env] optimistic_quantile: the teacher needs it")
     episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
@@ -92,7 +96,8 @@ def main() -> None:
                                      "fm, amount from the truth": PartlyTrueFM(fm, "amount"),
                                      "true demand": "oracle"}
     predictors.update({f"true × exp({s}·z)": NoisyOracle(float(s)) for s in args.sigmas.split(",")})
-    lines = [f"Success (%) on {len(episodes)} ID validation episodes at p = {cfg.arrival_prob}.", "",
+    lines = [f"Success (%) on {len(episodes)} ID validation episodes at p = {cfg.arrival_prob}, "
+             f"probe_points = {cfg.probe_points}.", "",
              "| demand from | " + " | ".join(PLANNERS) + " |", "|---|" + "---|" * len(PLANNERS)]
     for label, predictor in predictors.items():
         run_cfg = dataclasses.replace(cfg, predictor=predictor)

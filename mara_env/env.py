@@ -152,8 +152,9 @@ class MultiNodeEnv(gym.Env):
     Action: `MultiDiscrete([K+1]*N)`, per node 0 = idle, j = slot j−1.
     Observation: per-slot features [present, predicted remaining batches / cap,
     time to deadline / cap, warm-up fraction, (optimistic remaining / cap, with
-    `optimistic_quantile`), (observed / probe_points, capped at 1, with `probe_points`)], globals [busy nodes / N, active
-    / K, waiting / Q, t / T] and the slot mask. The elapsed-time feature is an
+    `optimistic_quantile`), (observed / probe_points, capped at 1, with
+    `probe_points`)], globals [busy nodes / N, active / K, waiting / Q, t / T]
+    and the slot mask. The elapsed-time feature is an
     addition to DESIGN §3: with γ = 1 and a fixed horizon the value of a state
     depends on the time left, which the counts alone do not reveal.
     Reward: successes + β·(Φ_{t+1} − Φ_t); the shaped return equals the
