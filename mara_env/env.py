@@ -36,6 +36,9 @@ DEFAULT_BANK = PROJECT_ROOT / "data" / "banks" / "default.parquet"
 
 PENDING, ACTIVE, WAITING, SUCCEEDED, EXPIRED, REJECTED = range(6)
 BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-up fraction
+# The EnvConfig options that add slot features and change what allocators read: a policy runs
+# in an env with the values it was trained with, and each evaluated method names its own.
+VIEW_OPTIONS = ("optimistic_quantile", "probe_points")
 
 
 @dataclass
@@ -105,6 +108,11 @@ class EnvConfig:
     @property
     def bank_path(self) -> Path:
         return Path(self.bank) if self.bank else DEFAULT_BANK
+
+    @property
+    def view_options(self) -> dict[str, Any]:
+        """This config's `VIEW_OPTIONS` and their values."""
+        return {name: getattr(self, name) for name in VIEW_OPTIONS}
 
     @property
     def slot_features(self) -> int:

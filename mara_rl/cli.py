@@ -36,7 +36,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank))
     eval_cfg = section_config(EvalConfig, args.profile, "evaluation", roots=args.roots,
                               episodes_per_root=args.episodes, split=args.split)
-    available = builtin_methods(args.fm, env_cfg.optimistic_quantile, env_cfg.probe_points)
+    available = builtin_methods(args.fm, env_cfg.view_options)
     names = list(dict.fromkeys(_csv(args.methods)))
     for (name, seed), path in parse_policies(args.policies).items():
         key = name if seed is None else f"{name}@{seed}"

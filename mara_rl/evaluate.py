@@ -14,12 +14,13 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from mara_env.allocators import ALLOCATORS
-from mara_env.env import EnvConfig, load_curves
+from mara_env.env import VIEW_OPTIONS, EnvConfig, load_curves
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_env.workload import (
     Episode,
@@ -70,8 +71,8 @@ class Method:
     predictor: str
     make: Callable[[], BatchDecide] | None  # None: the Oracle bound, not simulated
     seed: int | None = None  # scheduler training seed; None for methods that are not trained
-    optimistic_quantile: float | None = None  # the env options of these names the method runs with
-    probe_points: int | None = None
+    # The env's `VIEW_OPTIONS` the method runs with; those not named are off (DESIGN's observation).
+    view: dict[str, Any] = field(default_factory=dict)
 
 
 def classic(name: str) -> Callable[[], BatchDecide]:
@@ -95,15 +96,15 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
         return lambda obs, envs: act(module, obs)
 
     trained_in = policy_env(policy_dir)
-    return Method(name, trained_in["predictor"], make, seed, trained_in["optimistic_quantile"],
-                  trained_in["probe_points"])
+    return Method(name, trained_in.pop("predictor"), make, seed, trained_in)
 
 
-def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | None = None,
-                    probe_points: int | None = None) -> dict[str, Method]:
-    """The non-learned methods; `lara_fm` with an FM predictor, `lara_fm_optimistic` with
-    that and an optimistic quantile (the profile's `[env] optimistic_quantile`; it also
-    runs with the profile's `probe_points`, as MARA's teacher), `llf_oracle` with the quantile."""
+def builtin_methods(fm_path: str | None = None, view: dict[str, Any] | None = None) -> dict[str, Method]:
+    """The non-learned methods; `lara_fm` with an FM predictor, `lara_fm_optimistic` with that
+    and an optimistic quantile in `view` (the profile's `EnvConfig.view_options`; it runs with
+    all of them, as MARA's teacher), `llf_oracle` with the quantile."""
+    view = view or {}
+    optimistic_quantile = view.get("optimistic_quantile")
     methods = {
         "fifo": Method("fifo", "wls", classic("fifo")),
         "edf": Method("edf", "wls", classic("edf")),
@@ -117,11 +118,12 @@ def builtin_methods(fm_path: str | None = None, optimistic_quantile: float | Non
     if optimistic_quantile is not None:
         # Exact feasibility and least-laxity service on the true demand: how close planning
         # on exact information comes to the Oracle bound.
-        methods["llf_oracle"] = Method("llf_oracle", "oracle", classic("llf"), optimistic_quantile=optimistic_quantile)
+        methods["llf_oracle"] = Method("llf_oracle", "oracle", classic("llf"),
+                                       view={"optimistic_quantile": optimistic_quantile})
     if fm_path and optimistic_quantile is not None:
         # LARA-FM planning on the optimistic quantile of FM's samples: MARA's imitation teacher.
         methods["lara_fm_optimistic"] = Method("lara_fm_optimistic", f"fm:{fm_path}", classic("lara_optimistic"),
-                                               optimistic_quantile=optimistic_quantile, probe_points=probe_points)
+                                               view=view)
     return methods
 
 
@@ -189,9 +191,8 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
             per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
             tasks += [len(e) for e in root_eps]
         return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
-    cfg = EnvConfig(**{**asdict(env_cfg), "predictor": method.predictor,
-                       "optimistic_quantile": method.optimistic_quantile, "probe_points": method.probe_points,
-                       "strict": True})
+    cfg = EnvConfig(**{**asdict(env_cfg), **dict.fromkeys(VIEW_OPTIONS), **method.view,
+                       "predictor": method.predictor, "strict": True})
     flat = [ep for root_eps in episodes for ep in root_eps]
     outs = replay_in_lockstep(cfg, flat, method.make())
     completion = completion_by_slack(flat, [out["succeeded"] for out in outs],

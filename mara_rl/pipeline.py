@@ -181,7 +181,7 @@ def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
     from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, learned
 
     env_cfg = section_config(EnvConfig, profile, "env")
-    available = builtin_methods(str(paths.fm.resolve()), env_cfg.optimistic_quantile, env_cfg.probe_points)
+    available = builtin_methods(str(paths.fm.resolve()), env_cfg.view_options)
     classic = [available[m] for m in CLASSIC if m in available]
 
     def run(name: str, task_sets: list[str], loads: list[float], scenario: str) -> Stage:

@@ -94,7 +94,7 @@ def choose_reference(methods: list[str], preferred: str) -> tuple[str | None, st
     """The method every other is compared against, and a note when it is not `preferred`."""
     if preferred in methods:
         return preferred, ""
-    classic = set(builtin_methods(fm_path="-", optimistic_quantile=0.5))  # names only: enables every one
+    classic = set(builtin_methods(fm_path="-", view={"optimistic_quantile": 0.5}))  # names only: enables every one
     trained = [m for m in methods if m not in classic]
     if trained:
         return trained[0], f"`{preferred}` was not evaluated: comparisons use `{trained[0]}` instead."
@@ -185,8 +185,9 @@ def target_checks(report: dict[str, Any], margin: float, margin_id: float) -> li
         rows = report["table2"]["rows"]
         references = {"lara_oracle": "LARA told the true demand",
                       "llf_oracle": "least-laxity planner told the true demand"}
-        rooms = [f"{name}, {what}: {points(rows[name][MEAN]['mean'] - rows['lara'][MEAN]['mean'])}"
-                 for name, what in references.items() if MEAN in rows.get(name, {}) and MEAN in rows.get("lara", {})]
+        lara = rows.get("lara", {}).get(MEAN)
+        rooms = [f"{name}, {what}: {points(rows[name][MEAN]['mean'] - lara['mean'])}"
+                 for name, what in references.items() if lara and MEAN in rows.get(name, {})]
         if rooms:
             evidence += f" ({'; '.join(rooms)})"
         add(f"{report['reference']} − lara on the mean ≥ {100 * margin:.1f} points, CI excluding 0",

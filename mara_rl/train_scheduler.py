@@ -36,7 +36,14 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_env import ENV_ID
-from mara_env.env import EnvConfig, MultiNodeEnv, load_curves, make_spaces, sample_episodes
+from mara_env.env import (
+    VIEW_OPTIONS,
+    EnvConfig,
+    MultiNodeEnv,
+    load_curves,
+    make_spaces,
+    sample_episodes,
+)
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
 from mara_env.workload import oracle_successes, stress_episode
 from mara_fm.fm_predictor import torch_threads
@@ -200,7 +207,7 @@ def export_policy(module: MATModule, path: Path, env_cfg: EnvConfig) -> Path:
     predictor = str(env_cfg.predictor)
     spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg),
             "predictor": predictor, "predictor_digest": predictor_digest(predictor),
-            "optimistic_quantile": env_cfg.optimistic_quantile, "probe_points": env_cfg.probe_points}
+            **env_cfg.view_options}
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
@@ -214,8 +221,7 @@ def load_policy(path: str | Path) -> MATModule:
             raise FileNotFoundError(f"{path / name}: exported policy file missing "
                                     "(train one with `mara train-scheduler`)")
     spec = json.loads((path / POLICY_SPEC).read_text())
-    # Absent keys: exported before the option existed.
-    layout = EnvConfig(optimistic_quantile=spec.get("optimistic_quantile"), probe_points=spec.get("probe_points"))
+    layout = EnvConfig(**{name: spec.get(name) for name in VIEW_OPTIONS})  # absent: exported before it existed
     obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"], layout.slot_features)
     module = RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                           model_config=spec["model_config"]).build()
@@ -225,8 +231,7 @@ def load_policy(path: str | Path) -> MATModule:
 
 def policy_env(path: str | Path) -> dict[str, Any]:
     """The env settings an exported policy was trained with, which the env it runs in
-    must share: `predictor` (spec), `optimistic_quantile` and `probe_points` (observation
-    layout).
+    must share: `predictor` (spec) and the `VIEW_OPTIONS` (observation layout).
 
     Raises if the predictor's files have changed since (policies exported before
     digests were recorded are not checked).
@@ -239,8 +244,7 @@ def policy_env(path: str | Path) -> dict[str, Any]:
     if trained_with is not None and predictor_digest(predictor) != trained_with:
         raise ValueError(f"{path}: the predictor {predictor} has changed since this policy was trained "
                          "(its files no longer match); retrain the policy or restore that predictor")
-    return {"predictor": predictor, "optimistic_quantile": spec.get("optimistic_quantile"),
-            "probe_points": spec.get("probe_points")}
+    return {"predictor": predictor, **{name: spec.get(name) for name in VIEW_OPTIONS}}
 
 
 def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:

@@ -54,7 +54,7 @@ PREDICTOR_EVAL = [{"task_set": "id", "predictor": "fm", "n_queries": 12, "capped
 
 @pytest.fixture(scope="module")
 def records(smoke_bank: Path) -> list[Record]:
-    builtin = builtin_methods(optimistic_quantile=0.15)
+    builtin = builtin_methods(view={"optimistic_quantile": 0.15})
     methods = [Method("mara", "wls", classic("edf"), seed=s) for s in (0, 1)]
     methods += [builtin[m] for m in ("lara", "fifo", "edf", "lara_oracle", "llf_oracle", "oracle")] + [IDLE]
     env_cfg, eval_cfg = EnvConfig(bank=str(smoke_bank)), EvalConfig(roots=2, episodes_per_root=1)
