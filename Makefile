@@ -24,13 +24,16 @@ WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION)) $(if $(TEACHE
 setup: $(VENV)/.installed
 
 # torch is pinned to the CPU wheel that pip finds locally; install it first so
-# nothing else pulls a CUDA build.
+# nothing else pulls a CUDA build. Two make commands started together after a change to
+# pyproject.toml would both reinstall at once and break each other: the install holds a
+# lock, and the second one, once it gets it, finds the venv up to date and skips.
 $(VENV)/.installed: pyproject.toml
-	test -d $(VENV) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+	flock $(VENV).lock sh -ec '[ $@ -nt pyproject.toml ] && exit 0; \
+		test -d $(VENV) || python3 -m venv $(VENV); \
+		$(PY) -m pip install -q --upgrade pip; \
+		$(PY) -m pip install -q torch==2.13.0; \
+		$(PY) -m pip install -q -e ".[dev]"; \
+		touch $@'
 
 lint: setup
 	$(VENV)/bin/ruff check mara_fm mara_env mara_rl experiments tests
