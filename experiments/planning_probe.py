@@ -13,7 +13,16 @@ shrinks in batches as the task nears its threshold, like a forecast's).
 Where the planners part ways as σ grows says how accurate forecasts must be
 before the better planner pays.
 
+With `--by-family`, a second table says where FM's errors lie and what each
+family's cost the teacher (`lara_optimistic`): per ID family, how FM reads
+its tasks after the teacher's judgement point (the share of tasks that reach
+ε which FM's optimistic sample calls reachable, the same share for tasks
+that do not, and the typical factor between FM's median and the true demand
+where both reach), and the teacher's success with that family's forecasts
+replaced by the truth (the other families' stay FM's), on 80 episodes.
+
     python experiments/planning_probe.py --no-probe --out reports/default/probe
+    python experiments/planning_probe.py --by-family --out reports/default/probe
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mara_env.env import EnvConfig
+from mara_env.env import EnvConfig, load_curves
 from mara_env.vector import replay_in_lockstep
+from mara_env.workload import curve_rows
+from mara_fm.bank import CurveSet
 from mara_fm.fm_predictor import FMPredictor
-from mara_fm.predictors import HistoryBatch
+from mara_fm.predictors import WARMUP_POINTS, HistoryBatch
 from mara_fm.predictors.oracle import OraclePredictor, first_crossing
 from mara_fm.profile import section_config
 from mara_rl.evaluate import classic, pooled_episodes
@@ -72,6 +83,57 @@ class PartlyTrueFM(FMPredictor):
         return band
 
 
+class FamilyTruthFM(FMPredictor):
+    """FM, except that the tasks of `families` get the true remaining demand."""
+
+    def __init__(self, base: FMPredictor, families: list[str]) -> None:
+        super().__init__(base.model, base.cfg, base.stats)
+        self.families = families
+
+    def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray, eps: np.ndarray,
+                         horizon: np.ndarray, optimistic: float | None = None) -> np.ndarray:
+        out = super().replay_remaining(source, rows, lengths, eps, horizon, optimistic)
+        told = np.isin(source.families[rows], self.families)
+        if told.any():
+            out[told] = OraclePredictor().replay_remaining(source, rows[told], lengths[told], eps[told],
+                                                           horizon[told], optimistic)
+        return out
+
+
+def teacher_success(cfg: EnvConfig, episodes: list, predictor: object) -> float:
+    outs = replay_in_lockstep(dataclasses.replace(cfg, predictor=predictor), episodes, classic("lara_optimistic")())
+    return 100 * float(np.mean([o["success_rate"] for o in outs]))
+
+
+def by_family(cfg: EnvConfig, episodes: list, fm: FMPredictor) -> list[str]:
+    """The per-family table (module docstring): FM's reading after the judgement point, and the
+    teacher with one family's forecasts true."""
+    curves = load_curves(cfg.bank_path, cfg.task_set, cfg.split)
+    rows = np.concatenate([curve_rows(e, curves) for e in episodes])
+    eps = np.concatenate([e.eps for e in episodes])
+    seen = np.full(len(rows), cfg.probe_points or WARMUP_POINTS)
+    horizon = (curves.cap - seen).astype(np.float64)
+    median, low = FMPredictor.replay_remaining(fm, curves, rows, seen, eps, horizon, cfg.optimistic_quantile).T
+    true = OraclePredictor().replay_remaining(curves, rows, seen, eps, horizon)
+    reaches = true < horizon
+    lines = [f"Teacher (`lara_optimistic`) on {len(episodes)} ID validation episodes: "
+             f"{teacher_success(cfg, episodes, fm):.2f}% with FM, "
+             f"{teacher_success(cfg, episodes, FamilyTruthFM(fm, list(curves.family_names()))):.2f}% "
+             f"with every family's demand true. FM read after {int(seen[0])} observations.", "",
+             "| family | tasks | FM calls reachable: of those that reach | of those that do not "
+             "| FM median ÷ true (median, where both reach) | teacher, this family true |",
+             "|---|---|---|---|---|---|"]
+    for family in curves.family_names():
+        mine = curves.families[rows] == family
+        both = mine & reaches & (median < horizon) & (true > 0)
+        ratio = np.exp(np.median(np.log(np.maximum(median[both], 1.0) / true[both])))
+        lines.append(f"| {family} | {mine.sum()} | {np.mean(low[mine & reaches] < np.inf):.2f} "
+                     f"| {np.mean(low[mine & ~reaches] < np.inf):.2f} | {ratio:.2f} "
+                     f"| {teacher_success(cfg, episodes, FamilyTruthFM(fm, [family])):.2f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="default")
@@ -81,6 +143,8 @@ def main() -> None:
     parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--no-probe", action="store_true",
                         help="judge every task after the predictor's warm-up (ignore the profile's probe_points)")
+    parser.add_argument("--by-family", action="store_true",
+                        help="the per-family table instead (80 episodes: roots 0-9)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -90,8 +154,14 @@ def main() -> None:
         cfg = dataclasses.replace(cfg, probe_points=None)
     if cfg.optimistic_quantile is None:
         raise ValueError(f"profile {args.profile!r} has no [env] optimistic_quantile: the teacher needs it")
-    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
     fm = FMPredictor.load(args.fm or paths.fm)
+    if args.by_family:
+        lines = by_family(cfg, pooled_episodes(cfg, 10, args.episodes_per_root), fm)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "planning_probe_by_family.md").write_text("\n".join(lines) + "\n")
+        return
+    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
     predictors: dict[str, object] = {"wls": "wls", "fm": fm, "fm, reach from the truth": PartlyTrueFM(fm, "reach"),
                                      "fm, amount from the truth": PartlyTrueFM(fm, "amount"),
                                      "true demand": "oracle"}
