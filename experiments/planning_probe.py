@@ -19,10 +19,10 @@ its tasks after the teacher's judgement point (the share of tasks that reach
 ε which FM's optimistic sample calls reachable, the same share for tasks
 that do not, and the typical factor between FM's median and the true demand
 where both reach), and the teacher's success with that family's forecasts
-replaced by the truth (the other families' stay FM's), on 80 episodes.
+replaced by the truth (the other families' stay FM's).
 
     python experiments/planning_probe.py --no-probe --out reports/default/probe
-    python experiments/planning_probe.py --by-family --out reports/default/probe
+    python experiments/planning_probe.py --by-family --roots 10 --out reports/default/probe
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ class FamilyTruthFM(FMPredictor):
         return out
 
 
-def teacher_success(cfg: EnvConfig, episodes: list, predictor: object) -> float:
-    outs = replay_in_lockstep(dataclasses.replace(cfg, predictor=predictor), episodes, classic("lara_optimistic")())
+def success(cfg: EnvConfig, episodes: list, predictor: object, planner: str = "lara_optimistic") -> float:
+    """Mean success (%) of `planner` on `episodes`, fed by `predictor`."""
+    outs = replay_in_lockstep(dataclasses.replace(cfg, predictor=predictor), episodes, classic(planner)())
     return 100 * float(np.mean([o["success_rate"] for o in outs]))
 
 
@@ -113,12 +114,12 @@ def by_family(cfg: EnvConfig, episodes: list, fm: FMPredictor) -> list[str]:
     eps = np.concatenate([e.eps for e in episodes])
     seen = np.full(len(rows), cfg.probe_points or WARMUP_POINTS)
     horizon = (curves.cap - seen).astype(np.float64)
-    median, low = FMPredictor.replay_remaining(fm, curves, rows, seen, eps, horizon, cfg.optimistic_quantile).T
+    median, low = fm.replay_remaining(curves, rows, seen, eps, horizon, cfg.optimistic_quantile).T
     true = OraclePredictor().replay_remaining(curves, rows, seen, eps, horizon)
     reaches = true < horizon
     lines = [f"Teacher (`lara_optimistic`) on {len(episodes)} ID validation episodes: "
-             f"{teacher_success(cfg, episodes, fm):.2f}% with FM, "
-             f"{teacher_success(cfg, episodes, FamilyTruthFM(fm, list(curves.family_names()))):.2f}% "
+             f"{success(cfg, episodes, fm):.2f}% with FM, "
+             f"{success(cfg, episodes, FamilyTruthFM(fm, list(curves.family_names()))):.2f}% "
              f"with every family's demand true. FM read after {int(seen[0])} observations.", "",
              "| family | tasks | FM calls reachable: of those that reach | of those that do not "
              "| FM median ÷ true (median, where both reach) | teacher, this family true |",
@@ -129,7 +130,7 @@ def by_family(cfg: EnvConfig, episodes: list, fm: FMPredictor) -> list[str]:
         ratio = np.exp(np.median(np.log(np.maximum(median[both], 1.0) / true[both])))
         lines.append(f"| {family} | {mine.sum()} | {np.mean(low[mine & reaches] < np.inf):.2f} "
                      f"| {np.mean(low[mine & ~reaches] < np.inf):.2f} | {ratio:.2f} "
-                     f"| {teacher_success(cfg, episodes, FamilyTruthFM(fm, [family])):.2f} |")
+                     f"| {success(cfg, episodes, FamilyTruthFM(fm, [family])):.2f} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -144,7 +145,7 @@ def main() -> None:
     parser.add_argument("--no-probe", action="store_true",
                         help="judge every task after the predictor's warm-up (ignore the profile's probe_points)")
     parser.add_argument("--by-family", action="store_true",
-                        help="the per-family table instead (80 episodes: roots 0-9)")
+                        help="the per-family table instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -156,7 +157,7 @@ def main() -> None:
         raise ValueError(f"profile {args.profile!r} has no [env] optimistic_quantile: the teacher needs it")
     fm = FMPredictor.load(args.fm or paths.fm)
     if args.by_family:
-        lines = by_family(cfg, pooled_episodes(cfg, 10, args.episodes_per_root), fm)
+        lines = by_family(cfg, pooled_episodes(cfg, args.roots, args.episodes_per_root), fm)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "planning_probe_by_family.md").write_text("\n".join(lines) + "\n")
@@ -170,9 +171,7 @@ def main() -> None:
              f"probe_points = {cfg.probe_points}.", "",
              "| demand from | " + " | ".join(PLANNERS) + " |", "|---|" + "---|" * len(PLANNERS)]
     for label, predictor in predictors.items():
-        run_cfg = dataclasses.replace(cfg, predictor=predictor)
-        rates = [100 * np.mean([f["success_rate"] for f in replay_in_lockstep(run_cfg, episodes, classic(p)())])
-                 for p in PLANNERS]
+        rates = [success(cfg, episodes, predictor, p) for p in PLANNERS]
         lines.append(f"| {label} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
         print(lines[-1], flush=True)
     if args.out:
