@@ -213,6 +213,11 @@ def export_policy(module: MATModule, path: Path, env_cfg: EnvConfig) -> Path:
     return path
 
 
+def _spec_view(spec: dict[str, Any]) -> dict[str, Any]:
+    """The `VIEW_OPTIONS` a policy spec records (None for one exported before the option existed)."""
+    return {name: spec.get(name) for name in VIEW_OPTIONS}
+
+
 def load_policy(path: str | Path) -> MATModule:
     """The exported MAT module, in eval mode, on CPU."""
     path = Path(path)
@@ -221,7 +226,7 @@ def load_policy(path: str | Path) -> MATModule:
             raise FileNotFoundError(f"{path / name}: exported policy file missing "
                                     "(train one with `mara train-scheduler`)")
     spec = json.loads((path / POLICY_SPEC).read_text())
-    layout = EnvConfig(**{name: spec.get(name) for name in VIEW_OPTIONS})  # absent: exported before it existed
+    layout = EnvConfig(**_spec_view(spec))
     obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"], layout.slot_features)
     module = RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                           model_config=spec["model_config"]).build()
@@ -244,7 +249,7 @@ def policy_env(path: str | Path) -> dict[str, Any]:
     if trained_with is not None and predictor_digest(predictor) != trained_with:
         raise ValueError(f"{path}: the predictor {predictor} has changed since this policy was trained "
                          "(its files no longer match); retrain the policy or restore that predictor")
-    return {"predictor": predictor, **{name: spec.get(name) for name in VIEW_OPTIONS}}
+    return {"predictor": predictor, **_spec_view(spec)}
 
 
 def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:
