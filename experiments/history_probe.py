@@ -27,7 +27,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-from planning_probe import success
+from planning_probe import save_table, success
 
 from mara_env.env import EnvConfig, load_curves
 from mara_fm.bank import CurveSet
@@ -123,9 +123,7 @@ def main() -> None:
                  for p in (fm, analog, "oracle")]
         lines.append(f"| {task_set} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
         print(lines[-1], flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "history_probe.md").write_text("\n".join(lines) + "\n")
+    save_table(lines, args.out, "history_probe.md")
 
 
 if __name__ == "__main__":

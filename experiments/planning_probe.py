@@ -106,6 +106,13 @@ def success(cfg: EnvConfig, episodes: list, predictor: object, planner: str = "l
     return 100 * float(np.mean([o["success_rate"] for o in outs]))
 
 
+def save_table(lines: list[str], out: Path | None, name: str) -> None:
+    """Write a probe's Markdown lines to out/name (nothing without --out)."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("\n".join(lines) + "\n")
+
+
 def by_family(cfg: EnvConfig, episodes: list, fm: FMPredictor) -> list[str]:
     """The per-family table (module docstring): FM's reading after the judgement point, and the
     teacher with one family's forecasts true."""
@@ -158,10 +165,8 @@ def main() -> None:
         raise ValueError(f"profile {args.profile!r} has no [env] optimistic_quantile: the teacher needs it")
     fm = FMPredictor.load(args.fm or paths.fm)
     if args.by_family:
-        lines = by_family(cfg, pooled_episodes(cfg, args.roots, args.episodes_per_root), fm)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "planning_probe_by_family.md").write_text("\n".join(lines) + "\n")
+        save_table(by_family(cfg, pooled_episodes(cfg, args.roots, args.episodes_per_root), fm), args.out,
+                   "planning_probe_by_family.md")
         return
     episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
     predictors: dict[str, object] = {"wls": "wls", "fm": fm, "fm, reach from the truth": PartlyTrueFM(fm, "reach"),
@@ -175,9 +180,7 @@ def main() -> None:
         rates = [success(cfg, episodes, predictor, p) for p in PLANNERS]
         lines.append(f"| {label} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
         print(lines[-1], flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "planning_probe.md").write_text("\n".join(lines) + "\n")
+    save_table(lines, args.out, "planning_probe.md")
 
 
 if __name__ == "__main__":
