@@ -66,6 +66,8 @@ class AnalogPredictor(Predictor):
         """(median, quantile) of the k nearest runs' remaining batches to `eps` after n points."""
         members = self.members[source.families[row]]
         members = members[self.pool.ids[members] != source.ids[row]]  # never the task's own run
+        if len(members) == 0:
+            raise ValueError(f"no other run of family {source.families[row]!r} in the history pool")
         start = 0 if self.window is None else max(0, n - self.window)
         mine = source.log_avg[row, start:n]
         theirs = self.pool.log_avg[members]
