@@ -64,7 +64,7 @@ class AnalogPredictor(Predictor):
 
     def _band(self, source: CurveSet, row: int, n: int, eps: float, quantile: float) -> tuple[float, float]:
         """(median, quantile) of the k nearest runs' remaining batches to `eps` after n points."""
-        members = self.members[source.families[row]]
+        members = self.members.get(source.families[row], np.zeros(0, np.int64))
         members = members[self.pool.ids[members] != source.ids[row]]  # never the task's own run
         if len(members) == 0:
             raise ValueError(f"no other run of family {source.families[row]!r} in the history pool")
