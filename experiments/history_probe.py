@@ -32,6 +32,7 @@ from planning_probe import save_table, success
 from mara_env.env import EnvConfig, load_curves
 from mara_fm.bank import CurveSet
 from mara_fm.fm_predictor import FMPredictor, torch_threads
+from mara_fm.predictors import first_crossing
 from mara_fm.predictors.base import HistoryBatch, Predictor
 from mara_fm.profile import section_config
 from mara_rl.evaluate import pooled_episodes
@@ -74,8 +75,9 @@ class AnalogPredictor(Predictor):
         shift = mine[-1] - theirs[:, n - 1]
         distance = np.mean((theirs[:, start:n] + shift[:, None] - mine) ** 2, axis=1)
         near = np.argsort(distance, kind="stable")[: self.k]
-        reached = theirs[near, n:] + shift[near, None] <= np.log(eps)
-        crossing = np.sort(np.where(reached.any(1), reached.argmax(1) + 1.0, np.inf))
+        shifted = np.exp(theirs[near] + shift[near, None])  # the neighbours at the task's level
+        crossing = np.sort(first_crossing(shifted, np.full(len(near), n), np.full(len(near), eps),
+                                          np.full(len(near), np.inf)))
         return float(np.median(crossing)), float(crossing[round(quantile * (len(crossing) - 1))])
 
 
