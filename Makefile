@@ -6,20 +6,27 @@ PY      := $(VENV)/bin/python
 MARA    := $(VENV)/bin/mara
 BANK    := data/banks/$(PROFILE).parquet
 FM      := artifacts/predictor/$(PROFILE)/predictor
-SEED    ?= 0
-BETA    ?= 0.1
-PREDICTOR ?= fm
-# The warm start (mara_rl.imitation) is the profile's unless overridden: IMITATION=N imitates
-# the teacher on N training episodes (0: PPO from a random MAT), TEACHER=lara|lara_oracle|...,
-# DAGGER=R runs R DAgger rounds after it (0: behaviour cloning only).
+# Scheduler settings default to the profile's [scheduler]; these override the common ones
+# (every setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
+# PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation, SEED=N another seed,
+# IMITATION=N the warm start's episodes (0: PPO from a random MAT), TEACHER=..., DAGGER=R.
+SEED      ?=
+BETA      ?=
+PREDICTOR ?=
 IMITATION ?=
-TEACHER ?=
-DAGGER ?=
-WARM_FLAGS := $(if $(IMITATION),--imitation-episodes $(IMITATION)) $(if $(TEACHER),--imitation-teacher $(TEACHER)) \
-	$(if $(DAGGER),--dagger-rounds $(DAGGER))
+TEACHER   ?=
+DAGGER    ?=
+ARGS      ?=
+SCHED_FLAGS := $(if $(SEED),--seed $(SEED)) $(if $(BETA),--beta $(BETA)) $(if $(PREDICTOR),--predictor $(PREDICTOR)) \
+	$(if $(IMITATION),--imitation-episodes $(IMITATION)) $(if $(TEACHER),--imitation-teacher $(TEACHER)) \
+	$(if $(DAGGER),--imitation-dagger-rounds $(DAGGER)) $(ARGS)
+# The single-machine Ray head of `make ray-up`: its own ports, temp dir and token under .ray/.
+RAY_DIR   := .ray
+RAY_DASH  ?= 8266
+RAY_GCS   ?= 6390
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
-	evaluate bench mlflow-ui clean
+	evaluate bench mlflow-ui clean ray-up ray-down
 
 setup: $(VENV)/.installed
 
@@ -36,7 +43,7 @@ $(VENV)/.installed: pyproject.toml
 		touch $@'
 
 lint: setup
-	$(VENV)/bin/ruff check mara_fm mara_env mara_rl experiments tests
+	$(VENV)/bin/ruff check mara_common mara_fm mara_env mara_rl experiments tests
 
 test: lint
 	$(PY) -m pytest -q
@@ -53,17 +60,15 @@ eval-predictor: reports/predictor/$(PROFILE)/predictor_eval.json
 reports/predictor/$(PROFILE)/predictor_eval.json: $(FM)/config.json
 	$(MARA) eval-predictor --profile $(PROFILE) --bank $(BANK) --predictor-path $(FM)
 
-# MARA: PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation. The run folder
-# is named by the command (mara_rl.scheduler_commands.default_out); a finished run is not
-# trained again, an interrupted one resumes.
+# The run folder is named by the profile and the settings that differ from it
+# (artifacts/scheduler/default-seed0, default-wls-seed0, ...); a finished run is not trained
+# again, an interrupted one resumes, and `make reproduce` reuses it.
 train-scheduler: $(FM)/config.json
-	$(MARA) train-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
-		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(WARM_FLAGS)
+	$(MARA) train-scheduler --profile $(PROFILE) --bank $(BANK) $(SCHED_FLAGS)
 
-# Needs a running Ray cluster: RAY_ADDRESS=http://HEAD:8265 (see README).
+# Needs a running Ray cluster: RAY_ADDRESS=http://HEAD:PORT (see README; `make ray-up`).
 submit-scheduler: $(FM)/config.json
-	$(MARA) submit-scheduler --profile $(PROFILE) --predictor $(PREDICTOR) --fm $(FM) \
-		--beta $(BETA) --seed $(SEED) --bank $(BANK) $(WARM_FLAGS) --wait
+	$(MARA) submit-scheduler --profile $(PROFILE) --bank $(BANK) $(SCHED_FLAGS) --wait
 
 # Every method and trained variant (MARA, MARA-WLS, sparse per seed; train them first):
 # main table, stress scenario, load sweep. EXTRA=NAME[@SEED]=DIR,... adds more policies
@@ -75,7 +80,28 @@ bench: $(FM)/config.json
 	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM)
 
 mlflow-ui: setup
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
+		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
+
+# A Ray head for this machine alone, from the project's venv (so jobs find its python): its own
+# ports and temp dir, token auth, the token in .ray/token. `make ray-down` stops exactly this
+# head (its process group), never another cluster on the machine.
+ray-up: setup
+	@mkdir -p $(RAY_DIR) && test -s $(RAY_DIR)/token || $(PY) -c "import secrets; print(secrets.token_hex(16))" > $(RAY_DIR)/token
+	@if [ -f $(RAY_DIR)/head.pid ] && kill -0 $$(cat $(RAY_DIR)/head.pid) 2>/dev/null; then \
+		echo "Ray head already running (pid $$(cat $(RAY_DIR)/head.pid))"; exit 0; fi; \
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$$(cat $(RAY_DIR)/token) \
+		setsid $(VENV)/bin/ray start --head --block --node-ip-address=127.0.0.1 --port=$(RAY_GCS) \
+		--dashboard-host=127.0.0.1 --dashboard-port=$(RAY_DASH) --disable-usage-stats \
+		--temp-dir=/tmp/mara-ray-$$(id -u) > $(RAY_DIR)/head.log 2>&1 & echo $$! > $(RAY_DIR)/head.pid; \
+	echo "Ray head starting (pid $$(cat $(RAY_DIR)/head.pid), log $(RAY_DIR)/head.log). Then:"; \
+	echo "  export RAY_ADDRESS=http://127.0.0.1:$(RAY_DASH) RAY_AUTH_MODE=token RAY_AUTH_TOKEN=\$$(cat $(RAY_DIR)/token)"
+
+ray-down:
+	@if [ -f $(RAY_DIR)/head.pid ]; then pid=$$(cat $(RAY_DIR)/head.pid); \
+		kill -TERM $$pid 2>/dev/null; for i in $$(seq 30); do kill -0 $$pid 2>/dev/null || break; sleep 1; done; \
+		kill -KILL -- -$$pid 2>/dev/null; rm -f $(RAY_DIR)/head.pid; echo "Ray head $$pid stopped"; \
+	else echo "no Ray head of this project running"; fi
 
 clean:
 	rm -rf reports/$(PROFILE) data/episodes

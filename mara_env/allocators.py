@@ -1,4 +1,4 @@
-"""Non-learned allocators (DESIGN §6): FIFO, EDF and LARA (and two variants of LARA).
+"""Non-learned allocators (docs/design.md §6): FIFO, EDF and LARA (and two variants of LARA).
 
 Each maps a `SlotView` to a valid joint action (slot j is action j+1, each
 slot picked by at most one node). The Oracle bound is not an allocator: it
@@ -78,7 +78,7 @@ class LARA(Allocator):
         return WARMUP_POINTS
 
     def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
-        """DESIGN's test, on the task just added (the latest deadline so far)."""
+        """docs/design.md's test, on the task just added (the latest deadline so far)."""
         return demand[kept].sum() > n_nodes * time_left[kept[-1]]
 
     def service_order(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray) -> list[int]:
@@ -108,7 +108,7 @@ class OptimisticLARA(LARA):
     median keeps tasks that a fair share of the samples call feasible, and
     gives the leftover nodes to the tasks most likely to still make it; on the
     ID validation episodes that is worth +1.5 points over LARA-FM
-    (experiments/forecast_quantile_probe.py). The estimate is `inf` for a task
+    (docs/decisions.md). The estimate is `inf` for a task
     that even the optimistic sample never brings to its threshold within its
     generation cap (where LARA's median reads the rest of the cap, which looks
     feasible when the deadline is at the cap): such a task is dropped and gets
@@ -148,12 +148,12 @@ def can_meet_deadlines(demand: np.ndarray, time_left: np.ndarray, n_nodes: int) 
 class LeastLaxity(OptimisticLARA):
     """`lara_optimistic` with the exact feasibility test and least-laxity-first service.
 
-    DESIGN's test counts only the tasks due by each deadline and EDF service lets a
+    docs/design.md's test counts only the tasks due by each deadline and EDF service lets a
     long task with a later deadline wait until it can no longer finish; both are
     exact on one node and not on N. Here the kept set passes `can_meet_deadlines`,
     and it is served by least laxity (time left − demand), which keeps a long task
     running. It pays with exact demands and not with forecasts, whose errors make a
-    task look urgent when it is merely overestimated (README "Allocators"); the
+    task look urgent when it is merely overestimated (docs/decisions.md); the
     evaluation runs it on the true demand (`llf_oracle`): how close planning on
     exact information comes to the Oracle bound.
     """

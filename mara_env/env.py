@@ -1,10 +1,10 @@
-"""The multi-node scheduling simulator (DESIGN §3–§4) as a Gymnasium env.
+"""The multi-node scheduling simulator (docs/design.md §3–§4) as a Gymnasium env.
 
 Time is discrete. In one step each of N identical nodes serves at most one
 active task for one optimisation batch, which reveals one more point of that
 task's real loss curve. `reset` performs the arrivals of step 0; `step(a)`
 applies the joint action of step t, then the arrivals of step t+1, so the
-observation an agent sees is always taken just after arrivals (DESIGN §3).
+observation an agent sees is always taken just after arrivals (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -19,20 +19,22 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from mara_common.config import setting
+from mara_common.paths import ProjectPaths
 from mara_env.workload import (
     BurstConfig,
     Episode,
     WorkloadConfig,
     add_burst,
+    check_config,
     curve_rows,
     family_reference,
     sample_episode,
 )
-from mara_fm.bank import CurveSet, load_bank, select
+from mara_fm.bank import SPLITS, CurveSet, load_bank, select
 from mara_fm.predictors import WARMUP_POINTS, Predictor, make_predictor
-from mara_fm.profile import PROJECT_ROOT
 
-DEFAULT_BANK = PROJECT_ROOT / "data" / "banks" / "default.parquet"
+DEFAULT_BANK = ProjectPaths("default").bank
 
 PENDING, ACTIVE, WAITING, SUCCEEDED, EXPIRED, REJECTED = range(6)
 BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-up fraction
@@ -43,58 +45,45 @@ VIEW_OPTIONS = ("optimistic_quantile", "probe_points")
 
 @dataclass
 class EnvConfig:
-    n_nodes: int = 7
-    n_slots: int = 16
-    queue_size: int = 8
-    horizon: int = 500
-    arrival_prob: float = 0.04
-    task_set: str = "id"
-    split: str = "train"
+    n_nodes: int = setting(7, ge=1, help="nodes N, each serving one task per step")
+    n_slots: int = setting(16, ge=1, help="active slots K")
+    queue_size: int = setting(8, ge=0, help="waiting queue Q (0: arrivals with no free slot are rejected)")
+    horizon: int = setting(500, ge=1, help="steps T per episode")
+    arrival_prob: float = setting(0.04, ge=0.0, le=1.0, help="probability of an arrival at each step")
+    task_set: str = setting("id", help="the bank's task set: id, rl_ood or vit_ood")
+    split: str = setting("train", choices=SPLITS, help="the bank's split")
     predictor: str | Predictor = "wls"
-    beta: float = 0.1
-    bank: str = ""  # empty: data/banks/default.parquet
-    strict: bool = False
+    beta: float = setting(0.1, ge=0.0, help="weight β of the progress shaping")
+    bank: str = setting("", help="bank file (empty: data/banks/default.parquet)")
+    strict: bool = setting(False, help="raise on an empty or already taken pick instead of idling the node")
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     # Share of sampled episodes that also carry an overload burst (a randomised stress
     # pattern, see `BurstConfig`); for training. Frozen evaluation episodes never do.
-    burst_prob: float = 0.0
+    burst_prob: float = setting(0.0, ge=0.0, le=1.0, help="share of sampled episodes with an overload burst")
     burst: BurstConfig = field(default_factory=BurstConfig)
-    # An addition to DESIGN §3: with q set, each slot also shows the predictor's
+    # An addition to docs/design.md §3: with q set, each slot also shows the predictor's
     # optimistic estimate, the q-quantile of its own spread (FM: an order statistic
     # of its M sampled crossings; WLS and the oracle: the estimate itself; inf, shown
     # as 1, when it does not reach the threshold within the task's generation cap),
-    # and allocators see it as `SlotView.optimistic`. None: the four features of DESIGN.
-    optimistic_quantile: float | None = None
-    # An addition to DESIGN §3: observations a task gets before its forecast may count
+    # and allocators see it as `SlotView.optimistic`. None: the four features of docs/design.md §3.
+    optimistic_quantile: float | None = setting(None, ge=0.0, le=0.5,
+                                                help="show the predictor's optimistic estimate at this quantile")
+    # An addition to docs/design.md §3: observations a task gets before its forecast may count
     # against it. Allocators that read it (`lara_optimistic`, `llf`) serve tasks with fewer
     # first, as LARA does tasks in the predictor's 4-point warm-up: a forecast from 4
     # points cannot see a plateau that breaks later. With it set each slot also shows
     # min(observed, probe_points) / probe_points, so the MAT can tell those tasks apart.
     # None: no such feature, and those allocators judge after the warm-up.
-    probe_points: int | None = None
+    probe_points: int | None = setting(None, ge=WARMUP_POINTS,
+                                       help="observations before a task's forecast counts (>= the warm-up)")
 
     def __post_init__(self) -> None:
+        """Every count, share and range checked here, naming the field (ConfigError, a ValueError)."""
         if isinstance(self.workload, dict):
             self.workload = WorkloadConfig(**self.workload)
         if isinstance(self.burst, dict):
-            self.burst = BurstConfig(**{k: tuple(v) for k, v in self.burst.items()})
-        if not 0.0 <= self.burst_prob <= 1.0:
-            raise ValueError(f"EnvConfig.burst_prob must be in [0, 1], got {self.burst_prob}")
-        for name in ("n_nodes", "n_slots", "horizon"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"EnvConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.queue_size < 0:
-            raise ValueError(f"EnvConfig.queue_size must be >= 0, got {self.queue_size}")
-        if not 0.0 <= self.arrival_prob <= 1.0:
-            raise ValueError(f"EnvConfig.arrival_prob must be in [0, 1], got {self.arrival_prob}")
-        if self.beta < 0:
-            raise ValueError(f"EnvConfig.beta must be >= 0, got {self.beta}")
-        if self.optimistic_quantile is not None and not 0.0 <= self.optimistic_quantile <= 0.5:
-            raise ValueError(f"EnvConfig.optimistic_quantile must be in [0, 0.5] or None, "
-                             f"got {self.optimistic_quantile}")
-        if self.probe_points is not None and self.probe_points < WARMUP_POINTS:
-            raise ValueError(f"EnvConfig.probe_points must be >= {WARMUP_POINTS} (the predictor's warm-up) "
-                             f"or None, got {self.probe_points}")
+            self.burst = BurstConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.burst.items()})
+        check_config(self)
 
     @classmethod
     def from_overrides(cls, **overrides: Any) -> EnvConfig:
@@ -144,7 +133,7 @@ def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATU
 
 
 def progress_terms(log_first: np.ndarray, log_eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-task constants of q_k (DESIGN §4): q = clip((log L_0 − log L)·scale + offset, 0, 1).
+    """Per-task constants of q_k (docs/design.md §4): q = clip((log L_0 − log L)·scale + offset, 0, 1).
 
     scale = 1 / log(L_0/ε) and offset 0, or — when the first loss already
     meets ε — scale 0 and offset 1, so that q = 1.
@@ -163,7 +152,7 @@ class MultiNodeEnv(gym.Env):
     `optimistic_quantile`), (observed / probe_points, capped at 1, with
     `probe_points`)], globals [busy nodes / N, active / K, waiting / Q, t / T]
     and the slot mask. The elapsed-time feature is an
-    addition to DESIGN §3: with γ = 1 and a fixed horizon the value of a state
+    addition to docs/design.md §3: with γ = 1 and a fixed horizon the value of a state
     depends on the time left, which the counts alone do not reveal.
     Reward: successes + β·(Φ_{t+1} − Φ_t); the shaped return equals the
     number of successes exactly, because Φ is 0 at both ends.
@@ -271,7 +260,7 @@ class MultiNodeEnv(gym.Env):
         """
         if self.episode is None:
             raise RuntimeError("call reset() before step()")
-        served = self._served_tasks(np.asarray(action).reshape(-1))
+        served = self._served_tasks(np.asarray(action))
         self.busy = len(served)
         succeeded = np.zeros(0, np.int64)
         if self.busy:
@@ -339,19 +328,27 @@ class MultiNodeEnv(gym.Env):
         return expired
 
     def _served_tasks(self, action: np.ndarray) -> np.ndarray:
-        if action.shape != (self.cfg.n_nodes,):
-            raise ValueError(f"joint action must have shape ({self.cfg.n_nodes},), got {action.shape}")
+        """The tasks a joint action serves. An action outside the action space (not N integers
+        in [0, K]) raises ValueError even when not strict; a pick of an empty slot or of one an
+        earlier node took idles the node (strict: ValueError)."""
+        picks = action.reshape(-1)
+        if picks.shape != (self.cfg.n_nodes,):
+            raise ValueError(self._action_error(f"got shape {action.shape}"))
+        if picks.dtype.kind not in "iu":
+            raise ValueError(self._action_error(f"got dtype {picks.dtype}"))
+        picks = picks.tolist()
+        if min(picks) < 0 or max(picks) > self.cfg.n_slots:
+            node = next(i for i, p in enumerate(picks) if not 0 <= p <= self.cfg.n_slots)
+            raise ValueError(self._action_error(f"got node {node} -> {picks[node]}"))
         slot_task = self.slot_task.tolist()
         taken: set[int] = set()
         served = []
-        for node, pick in enumerate(action.tolist()):
+        for node, pick in enumerate(picks):
             if pick == 0:
                 continue
             slot = pick - 1
             problem = None
-            if not 0 <= slot < self.cfg.n_slots:
-                problem = "is out of range"
-            elif slot_task[slot] < 0:
+            if slot_task[slot] < 0:
                 problem = "is empty"
             elif slot in taken:
                 problem = "was already taken by an earlier node"
@@ -363,6 +360,11 @@ class MultiNodeEnv(gym.Env):
             taken.add(slot)
             served.append(slot_task[slot])
         return np.asarray(served, np.int64)
+
+    def _action_error(self, got: str) -> str:
+        n, k = self.cfg.n_nodes, self.cfg.n_slots
+        return (f"a joint action is {n} integers in [0, {k}], one per node (N={n} nodes, K={k} slots; "
+                f"0 idles a node, j serves slot j-1); {got}")
 
     def prediction_query(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(curve rows, observed points, ε, horizon) of the tasks whose history grew."""
@@ -412,7 +414,8 @@ class MultiNodeEnv(gym.Env):
                 "invalid_actions": self.stats["invalid_actions"]}
 
     def episode_summary(self) -> dict:
-        """Whole-episode figures: success rate and the diagnostics of DESIGN §8."""
+        """Whole-episode figures: success rate and the diagnostics of docs/design.md §8. An episode
+        without tasks has success rate 0.0 (and readiness NaN: no task was ever ready)."""
         m = len(self.arrival)
         steps = self.cfg.horizon
         ready = self.ready_step[self.ready_step >= 0]
@@ -428,17 +431,20 @@ class MultiNodeEnv(gym.Env):
         }
 
     def scheduler_view(self) -> SlotView:
-        """What a non-learned allocator may read about the active slots."""
+        """What a non-learned allocator may read about the active slots (0 for empty ones)."""
         tasks = self.slot_task
         present = tasks >= 0
-        t = np.where(present, tasks, 0)
+        held = tasks[present]  # may be none at all, in an episode without tasks
+
+        def per_slot(values: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(tasks), values.dtype)
+            out[present] = values[held]
+            return out
+
         return SlotView(
-            t=self.t, present=present, arrival=np.where(present, self.arrival[t], 0),
-            deadline=np.where(present, self.deadline[t], 0),
-            observed=np.where(present, self.n_obs[t], 0),
-            predicted=np.where(present, self.pred[t], 0.0), n_nodes=self.cfg.n_nodes,
-            optimistic=(np.where(present, self.pred_low[t], 0.0)
-                        if self.cfg.optimistic_quantile is not None else None),
+            t=self.t, present=present, arrival=per_slot(self.arrival), deadline=per_slot(self.deadline),
+            observed=per_slot(self.n_obs), predicted=per_slot(self.pred), n_nodes=self.cfg.n_nodes,
+            optimistic=per_slot(self.pred_low) if self.cfg.optimistic_quantile is not None else None,
             probe_points=self.cfg.probe_points,
         )
 

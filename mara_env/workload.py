@@ -26,43 +26,119 @@ clipped to the horizon.
 arrival) / (window_lo · target_hi)), so a task submitted late asks for
 proportionally less (s = 1 otherwise). Without it, late arrivals with long
 demands cannot finish before the horizon, and heavy demand — which is what
-creates contention — pushed the Oracle bound far below DESIGN's 65–75% band;
+creates contention — pushed the Oracle bound far below docs/design.md's 65–75% band;
 with it, the defaults give on ID val at p = 0.04 (5 × 8 episodes) an Oracle
 bound of 73.1%, FIFO 49.7%, EDF 55.3%, LARA 57.1%, LARA-FM 61.1%, LARA with
-true demand 66.6% and node utilisation ≈ 71% (README; the scan over settings
-is `experiments/calibrate_workload.py`).
+true demand 66.6% and node utilisation ≈ 71% (docs/decisions.md; the scan over settings
+is `experiments/probes/calibrate_workload.py`).
 Episodes are plain data (curve ids, arrival, ε, window), so frozen evaluation
 episodes are saved once and replayed by every method.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import numbers
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from mara_common.config import ConfigError, check_settings, field_types, setting
 from mara_fm.bank import CurveSet
 from mara_fm.predictors import first_crossing
 
 
+def _check_value(tp: Any, value: Any, where: str) -> Any:
+    """`value` checked against the declared type `tp` (lists become tuples); ConfigError naming
+    `where` otherwise. An int takes no bool and no float, a float takes no bool and must be
+    finite, a bool takes only a bool; other types (str, objects) are left to their users."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None and len(args) < len(typing.get_args(tp)):
+            return None
+        return _check_value(args[0], value, where) if len(args) == 1 else value
+    if origin is tuple:
+        items = typing.get_args(tp)
+        if not isinstance(value, tuple | list) or len(value) != len(items):
+            raise ConfigError(f"{where} must be a pair (lo, hi), got {value!r}")
+        return tuple(_check_value(item, v, where) for item, v in zip(items, value, strict=True))
+    if tp is bool:
+        if not isinstance(value, bool | np.bool_):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, got {value}")
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp) and not isinstance(value, tp):
+        raise ConfigError(f"{where} must be a {tp.__name__} (or a table of its settings), got {value!r}")
+    return value
+
+
+def check_config(obj: Any) -> None:
+    """Check a config dataclass where it is built: each field against its declared type
+    (see `_check_value`; pairs given as lists are stored as tuples), then the bounds and
+    choices of its `setting` declarations (`check_settings`). Raises ConfigError naming
+    the first field that does not fit."""
+    name = type(obj).__name__
+    for f_name, tp in field_types(type(obj)).items():
+        value = getattr(obj, f_name)
+        checked = _check_value(tp, value, f"{name}.{f_name}")
+        if checked is not value:
+            object.__setattr__(obj, f_name, checked)  # frozen configs too
+    check_settings(obj)
+
+
+def check_pair(obj: Any, field: str, *, ge: float | None = None, gt: float | None = None,
+               lt: float | None = None) -> None:
+    """A (lo, hi) field of `obj`: lo <= hi, and both within the given bounds."""
+    lo, hi = getattr(obj, field)
+    where = f"{type(obj).__name__}.{field}"
+    if lo > hi:
+        raise ConfigError(f"{where} must be an ordered pair (lo <= hi), got ({lo}, {hi})")
+    if (ge is not None and lo < ge) or (gt is not None and lo <= gt) or (lt is not None and hi >= lt):
+        bounds = " and ".join(f"{word} {b}" for b, word in ((ge, ">="), (gt, ">"), (lt, "<")) if b is not None)
+        raise ConfigError(f"{where} must lie in {bounds}, got ({lo}, {hi})")
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
-    target_lo: int = 150
-    target_hi: int = 290
-    threshold_source: str = "curve"  # "curve" or "family"
-    unreachable_frac: float = 0.2  # tasks whose ε lies below anything their run reaches
-    unreachable_margin: tuple[float, float] = (0.7, 0.95)  # ε = min L · U[margin]
-    eps_quantile: float = 0.5
-    eps_jitter: float = 0.03
-    window_lo: float = 1.1
-    window_hi: float = 1.8
-    min_window: int = 30
-    window_basis: str = "crossing"  # "crossing" or "target": what the window factor multiplies
+    target_lo: int = setting(150, ge=1, help="lowest target demand, in batches (before fit_horizon)")
+    target_hi: int = setting(290, ge=1, help="highest target demand, in batches (>= target_lo)")
+    threshold_source: str = setting("curve", choices=("curve", "family"),
+                                    help="whose losses set ε: the task's own run or its family's quantile")
+    unreachable_frac: float = setting(0.2, ge=0.0, le=1.0,
+                                      help="share of tasks whose ε lies below anything their run reaches")
+    # ε = min L · U[margin], 0 < lo <= hi < 1 (below the lowest loss)
+    unreachable_margin: tuple[float, float] = setting((0.7, 0.95), help="ε of an unreachable task, × its run's lowest loss")
+    eps_quantile: float = setting(0.5, ge=0.0, le=1.0, help="family quantile with threshold_source='family'")
+    eps_jitter: float = setting(0.03, ge=0.0, help="σ of ε's log-normal jitter")
+    window_lo: float = setting(1.1, gt=0.0, help="lowest window factor (× the demand the window is sized to)")
+    window_hi: float = setting(1.8, gt=0.0, help="highest window factor (>= window_lo)")
+    min_window: int = setting(30, ge=1, help="shortest window, in steps")
+    window_basis: str = setting("crossing", choices=("crossing", "target"),
+                                help="what the window factor multiplies")
     # Size demands to the time left: a task arriving with fewer than window_lo · target_hi
     # steps before the horizon gets its demand range shrunk in proportion (see module doc).
-    fit_horizon: bool = True
+    fit_horizon: bool = setting(True, help="shrink the demands of late arrivals to the time left")
+
+    def __post_init__(self) -> None:
+        check_config(self)
+        if self.target_lo > self.target_hi:
+            raise ConfigError(f"WorkloadConfig.target_lo must be <= target_hi, got {self.target_lo} > {self.target_hi}")
+        if self.window_lo > self.window_hi:
+            raise ConfigError(f"WorkloadConfig.window_lo must be <= window_hi, got {self.window_lo} > {self.window_hi}")
+        check_pair(self, "unreachable_margin", gt=0.0, lt=1.0)
 
 
 @dataclass
@@ -160,6 +236,8 @@ def sample_episode(curves: CurveSet, horizon: int, arrival_prob: float, cfg: Wor
 
 def doomed_tasks(curves: CurveSet, n: int, rng: np.random.Generator) -> tuple[list[str], list[float]]:
     """`n` distinct curves with thresholds at half their lowest loss: they can never finish."""
+    if n > len(curves):
+        raise ValueError(f"{n} doomed tasks need {n} distinct curves; the curve set has {len(curves)}")
     rows = rng.permutation(len(curves))[:n]
     return [curves.ids[r] for r in rows], [0.5 * float(curves.avg[r].min()) for r in rows]
 
@@ -189,7 +267,7 @@ def short_tasks(curves: CurveSet, n: int, demand: tuple[int, int],
 def stress_episode(curves: CurveSet, horizon: int = 500, n_infeasible: int = 7, n_short: int = 13,
                    short_arrival: int = 10, short_demand: tuple[int, int] = (22, 35),
                    infeasible_window: int = 100, short_window: int = 110, seed: int = 0) -> Episode:
-    """DESIGN §8's stress test: tasks that can never finish come first.
+    """docs/design.md §8's stress test: tasks that can never finish come first.
 
     The infeasible tasks (thresholds below anything their curves reach)
     arrive at t=0 and expire at t=100; the short tasks arrive at t=10 with
@@ -216,12 +294,22 @@ class BurstConfig:
     a scheduler only meets this in training if some episodes contain it.
     """
 
-    doomed: tuple[int, int] = (3, 7)
-    short: tuple[int, int] = (6, 13)
-    short_demand: tuple[int, int] = (15, 40)
-    doomed_window: tuple[int, int] = (60, 110)
-    delay: tuple[int, int] = (3, 20)
-    slack: tuple[int, int] = (5, 30)
+    doomed: tuple[int, int] = setting((3, 7), help="doomed tasks per burst (lo, hi), >= 0")
+    short: tuple[int, int] = setting((6, 13), help="short tasks per burst (lo, hi), >= 0")
+    short_demand: tuple[int, int] = setting((15, 40), help="batches a short task needs (lo, hi), >= 1")
+    doomed_window: tuple[int, int] = setting((60, 110), help="window of the doomed tasks (lo, hi), >= 1")
+    delay: tuple[int, int] = setting((3, 20), help="steps from the doomed tasks' arrival to the short ones' (lo, hi), >= 0")
+    slack: tuple[int, int] = setting((5, 30), help="steps the short deadlines fall after the doomed ones (lo, hi), >= 0")
+
+    def __post_init__(self) -> None:
+        check_config(self)
+        for name, least in (("doomed", 0), ("short", 0), ("short_demand", 1), ("doomed_window", 1),
+                            ("delay", 0), ("slack", 0)):
+            check_pair(self, name, ge=least)
+        shortest = self.doomed_window[0] - self.delay[1] + self.slack[0]
+        if shortest < 1:
+            raise ConfigError(f"BurstConfig.doomed_window, delay and slack leave short tasks a window of "
+                              f"doomed_window - delay + slack = {shortest} < 1 steps at worst")
 
 
 def add_burst(episode: Episode, curves: CurveSet, cfg: BurstConfig, rng: np.random.Generator) -> Episode:
@@ -234,6 +322,8 @@ def add_burst(episode: Episode, curves: CurveSet, cfg: BurstConfig, rng: np.rand
     start = int(rng.integers(0, max(1, episode.horizon - delay - short_window)))
     ids, eps = doomed_tasks(curves, n_doomed, rng)
     more_ids, more_eps = short_tasks(curves, n_short, cfg.short_demand, rng)
+    if start + delay >= episode.horizon:  # a horizon too short for the burst: the short tasks would
+        more_ids, more_eps, n_short = [], [], 0  # arrive after it (drawn all the same: the rng's stream)
     arrival = np.concatenate([episode.arrival, np.full(n_doomed, start), np.full(n_short, start + delay)])
     window = np.concatenate([episode.window, np.full(n_doomed, doomed_window), np.full(n_short, short_window)])
     order = np.argsort(arrival, kind="stable")

@@ -1,4 +1,4 @@
-"""The curve bank: one Parquet row per real training run (DESIGN §2).
+"""The curve bank: one Parquet row per real training run (docs/design.md §2).
 
 Any Parquet file with these columns is a bank; `load_bank` validates it and
 names the file, the column and the curve of the first problem it finds, so a
@@ -8,6 +8,7 @@ bank built elsewhere either works everywhere or fails loudly at load time.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ SCHEMA = pa.schema([pa.field(name, dtype) for name, dtype in COLUMNS.items()])
 
 
 class BankError(ValueError):
-    """A bank file that does not follow the schema of DESIGN §2."""
+    """A bank file that does not follow the schema of docs/design.md §2."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,62 @@ def load_bank(path: str | Path) -> pd.DataFrame:
     return frame
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool | np.bool_)
+
+
+def _is_losses(value: object) -> bool:
+    """A flat sequence of numbers (its values are checked later: finite, > 0, one length)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and value.dtype.kind in "iuf"
+    return isinstance(value, list | tuple) and all(_is_real(x) for x in value)
+
+
+# What each column's cells must be (every label is a non-empty string: any task_set is allowed).
+CELL_CHECKS = {
+    **{name: (lambda v: isinstance(v, str) and v != "", "a non-empty string")
+       for name, dtype in COLUMNS.items() if dtype == pa.string()},
+    "seed": (_is_int, "an integer"),
+    "batch_size": (_is_int, "an integer"),
+    "lr": (_is_real, "a number"),
+    "losses": (_is_losses, "a list of numbers"),
+}
+
+
+def _where(frame: pd.DataFrame, row: int) -> str:
+    """`curve '<id>'` of a row, or `row <i>` where its id itself is missing or not a string."""
+    cid = frame["curve_id"].iloc[row]
+    return f"curve {cid!r}" if isinstance(cid, str) and cid else f"row {row}"
+
+
+def _check_cells(frame: pd.DataFrame, source: str) -> None:
+    """Every cell present (lr's NaN is left to the range check) and of its column's type."""
+    for col, (ok, expected) in CELL_CHECKS.items():
+        values = frame[col]
+        null = values.isna().to_numpy() if col != "lr" else np.zeros(len(frame), bool)
+        if null.any():
+            row = int(np.flatnonzero(null)[0])
+            raise BankError(f"{source}: column {col!r} of {_where(frame, row)} is missing (null)")
+        cells = values.tolist() if col != "losses" else list(values)
+        for row, value in enumerate(cells):
+            if not ok(value):
+                shown = repr(value)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise BankError(f"{source}: column {col!r} of {_where(frame, row)} is {shown} "
+                                f"({type(value).__name__}), expected {expected}")
+
+
 def validate_frame(frame: pd.DataFrame, source: str) -> None:
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise BankError(f"{source}: missing column(s) {missing}")
     if len(frame) == 0:
         raise BankError(f"{source}: the bank holds no curves")
+    _check_cells(frame, source)
     dup = frame["curve_id"][frame["curve_id"].duplicated()]
     if len(dup):
         raise BankError(f"{source}: column 'curve_id' has duplicate id {dup.iloc[0]!r}")
@@ -147,3 +198,22 @@ def select(frame: pd.DataFrame, task_set: str, split: str) -> CurveSet:
         lr=sub["lr"].to_numpy(dtype=np.float64),
         losses=np.stack([np.asarray(x, dtype=np.float64) for x in sub["losses"]]),
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()[:16]
+
+
+def bank_digest(path: str | Path) -> str:
+    """A hash of the bank file's content: what anything derived from a bank is keyed by
+    (a rebuilt or different bank at the same path gets a new key)."""
+    path = Path(path)
+    if not path.exists():
+        raise BankError(f"{path}: bank file not found (build one with `mara curves`)")
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from mara_common.config import check_settings, setting
 from mara_fm.bank import load_bank, save_bank
 from mara_fm.families import FAMILIES
-from mara_fm.profile import PROJECT_ROOT
+from mara_fm.predictors import WARMUP_POINTS
 
 CHUNK = 10
 SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
@@ -28,11 +29,16 @@ SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
 
 @dataclass(frozen=True)
 class BankConfig:
-    curves_per_id_family: int = 150
-    curves_per_ood_set: int = 100  # spread evenly over the families of each OOD set
-    cap: int = 300
-    seed: int = 0
-    workers: int = 0  # 0 = one per core
+    """Profile section `[bank]`."""
+
+    curves_per_id_family: int = setting(150, ge=1, help="training runs per ID family (split 70/15/15)")
+    curves_per_ood_set: int = setting(100, ge=1, help="runs per OOD set, spread over its families")
+    cap: int = setting(300, ge=2 * WARMUP_POINTS, help="batches recorded per run")
+    seed: int = setting(0, help="root seed of every run's seed")
+    workers: int = setting(0, ge=0, help="processes (0 = one per core)")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 def curve_seed(root: int, family: str, index: int) -> int:
@@ -121,11 +127,6 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path
     save_bank(frame, path)
     (parts / "timing.json").write_text(json.dumps({"curves_built": todo, "seconds": elapsed}))
     return path
-
-
-def default_bank_path(profile: str) -> Path:
-    """Where `mara curves --profile P` writes its bank: data/banks/<P>.parquet."""
-    return PROJECT_ROOT / "data" / "banks" / f"{Path(profile).stem}.parquet"
 
 
 def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:

@@ -1,55 +1,60 @@
-"""Stage-one subcommands for the `mara` CLI: `train-predictor` and `eval-predictor`.
+"""Stage-one subcommands of the `mara` CLI: `curves`, `train-predictor`, `eval-predictor`.
 
-`register(subparsers)` adds both; each sets `func(args)` like the other
-subcommands of `mara_rl.cli`.
+`register(subparsers)` adds them; each handler receives the parsed arguments
+with `args.profile` already loaded (`mara_common.profile.Profile`).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from mara_fm.profile import PROJECT_ROOT, profile_path
+from mara_fm.build_bank import BankConfig, build_bank, ensure_bank
+from mara_fm.eval_predictor import EVAL_FILE, markdown_table, run_eval
+from mara_fm.train_predictor import train_predictor
+
+
+def cmd_curves(args: argparse.Namespace) -> None:
+    cfg = args.profile.section(BankConfig, "bank", workers=args.workers)
+    path = build_bank(cfg, Path(args.out) if args.out else args.profile.paths.bank, progress=True)
+    print(f"bank written: {path}")
 
 
 def cmd_train_predictor(args: argparse.Namespace) -> None:
-    from mara_fm.train_predictor import train_predictor
-
-    result = train_predictor(args.profile, args.bank, args.out, resume=not args.no_resume,
+    result = train_predictor(args.profile, args.bank, args.out, resume=not args.fresh,
                              max_epochs=args.max_epochs, seed=args.seed)
     print(f"predictor: {result.predictor_path}")
 
 
 def cmd_eval_predictor(args: argparse.Namespace) -> None:
-    from mara_fm.build_bank import BankConfig, default_bank_path, ensure_bank
-    from mara_fm.eval_predictor import EVAL_FILE, markdown_table, run_eval
-    from mara_fm.profile import section_config
-    from mara_fm.train_predictor import default_out_dir
-
-    bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
-    if not args.bank:
-        ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
-    predictor = args.predictor_path or default_out_dir(args.profile) / "predictor"
-    out = Path(args.out) if args.out else PROJECT_ROOT / "reports" / "predictor" / profile_path(args.profile).stem
-    records = run_eval(predictor, bank, out, tracking=not args.no_mlflow)
+    paths = args.profile.paths
+    bank = Path(args.bank) if args.bank else ensure_bank(args.profile.section(BankConfig, "bank"), paths.bank)
+    out = Path(args.out) if args.out else paths.predictor_report
+    records = run_eval(args.predictor_path or paths.predictor, bank, out, tracking=not args.no_mlflow)
     print(markdown_table(records))
     print(f"results: {out / EVAL_FILE}")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("train-predictor", help="train and export the FM predictor (stage one)")
-    p.add_argument("--profile", default="default")
+def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    """Add the stage-one commands; `common` carries the flags every command has (--profile)."""
+    p = subparsers.add_parser("curves", parents=[common], help="build the curve bank from real training runs")
+    p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet)")
+    p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    p.set_defaults(func=cmd_curves, outputs=("out",))
+
+    p = subparsers.add_parser("train-predictor", parents=[common],
+                              help="train and export the FM predictor (stage one)")
     p.add_argument("--bank", help="bank path (default data/banks/<profile>.parquet, built if missing)")
     p.add_argument("--out", help="output folder (default artifacts/predictor/<profile>)")
-    p.add_argument("--no-resume", action="store_true", help="start over instead of resuming last.ckpt")
+    p.add_argument("--fresh", action="store_true", help="start over instead of resuming the checkpoint")
     p.add_argument("--max-epochs", type=int, help="override [predictor] max_epochs")
     p.add_argument("--seed", type=int, help="override [predictor] seed")
-    p.set_defaults(func=cmd_train_predictor)
+    p.set_defaults(func=cmd_train_predictor, outputs=("out",))
 
-    p = subparsers.add_parser("eval-predictor", help="FM vs WLS on every test task set of a bank")
-    p.add_argument("--profile", default="default")
+    p = subparsers.add_parser("eval-predictor", parents=[common], help="FM vs WLS on every test task set of a bank")
     p.add_argument("--predictor-path", help="exported predictor (default artifacts/predictor/<profile>/predictor)")
     p.add_argument("--bank", help="any bank file (default data/banks/<profile>.parquet)")
     p.add_argument("--out", help="report folder (default reports/predictor/<profile>)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.set_defaults(func=cmd_eval_predictor)
+    p.set_defaults(func=cmd_eval_predictor, outputs=("out",))

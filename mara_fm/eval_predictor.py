@@ -1,4 +1,4 @@
-"""Predictor evaluation (DESIGN §5.3): FM against WLS on every test task set.
+"""Predictor evaluation (docs/design.md §5.3): FM against WLS on every test task set.
 
 Query protocol (`make_queries`, settings in `QueryConfig`). Thresholds and
 budgets here do not come from the simulator's workload, so that this stage
@@ -16,7 +16,7 @@ walking the curves in id order:
   end = min(first batch at or below ε, W), duplicates dropped; only queries
   whose current L(n) > ε are kept;
 - each query asks for the remaining batches with horizon h/B = cap − n (the
-  remaining generation cap, DESIGN §5's default); truth r* = the true first
+  remaining generation cap, docs/design.md §5's default); truth r* = the true first
   crossing after n, capped at the horizon; "feasible" means r ≤ W − n.
 FM's sampling settings were chosen on ID val when it was trained
 (`train_predictor.tune_sampling`), never on a test or OOD set.
@@ -31,8 +31,18 @@ from pathlib import Path
 
 import numpy as np
 
+from mara_common.plotting import plt, save_figure
+from mara_common.threads import torch_threads
+from mara_common.tracking import mlflow_run
 from mara_fm.bank import BankError, CurveSet, load_bank, select
-from mara_fm.predictors import WARMUP_POINTS, HistoryBatch, Predictor, WLSPredictor, first_crossing
+from mara_fm.predictors import (
+    WARMUP_POINTS,
+    FMPredictor,
+    HistoryBatch,
+    Predictor,
+    WLSPredictor,
+    first_crossing,
+)
 
 EVAL_FILE = "predictor_eval.json"
 LATENCY_BATCH = 256
@@ -194,8 +204,6 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def plot_mae_by_rank(records: list[dict], path: Path) -> Path:
-    from mara_fm.plotting import plt, save_figure
-
     sets = sorted({r["task_set"] for r in records})
     fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.4), squeeze=False)
     for ax, task_set in zip(axes[0], sets, strict=True):
@@ -209,8 +217,6 @@ def plot_mae_by_rank(records: list[dict], path: Path) -> Path:
 
 def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, path: Path) -> Path:
     """One query: observed prefix, true future, FM's sampled paths, both crossing estimates."""
-    from mara_fm.plotting import plt, save_figure
-
     # Shown: the rank-2 query whose true crossing sits closest to 40% of its horizon.
     gap = np.where(q.rank == 2, np.abs(q.truth / q.horizon - 0.4), np.inf)
     i = int(np.argmin(gap))
@@ -244,16 +250,12 @@ def run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: str | P
     Runs (and times) with `threads` torch threads: the simulator calls the
     predictor on a handful of prefixes, where one thread is the fast setting.
     """
-    from mara_fm.fm_predictor import torch_threads
-
     with torch_threads(threads):
         return _run_eval(predictor_path, bank_path, out_dir, query_cfg, tracking, threads)
 
 
 def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path | str,
               query_cfg: QueryConfig, tracking: bool, threads: int) -> list[dict]:
-    from mara_fm.fm_predictor import FMPredictor
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fm, wls = FMPredictor.load(predictor_path), WLSPredictor()
@@ -277,8 +279,6 @@ def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path |
 
 def _log_eval(records: list[dict], out_dir: Path, settings: dict) -> None:
     import mlflow
-
-    from mara_fm.tracking import mlflow_run
 
     with mlflow_run("mara-predictor", run_name="eval", tags={"stage": "eval", **settings}):
         for r in records:

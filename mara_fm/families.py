@@ -1,7 +1,7 @@
 """Model–dataset configurations whose real training runs fill the curve bank.
 
 Every curve is the per-batch training loss of an actual optimisation run
-(DESIGN §2). Data is either bundled with scikit-learn, generated locally with
+(docs/design.md §2). Data is either bundled with scikit-learn, generated locally with
 a fixed data seed, or produced by Gymnasium's built-in environments, so the
 bank builds offline. Each run draws its own initialisation, data order,
 batch size and learning rate from the run seed, which is what makes one

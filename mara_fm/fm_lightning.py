@@ -1,4 +1,4 @@
-"""Lightning wrapper: conditional flow matching on the linear path (DESIGN §5.1).
+"""Lightning wrapper: conditional flow matching on the linear path (docs/design.md §5.1).
 
 Loss: z_u = (1 − u)·z_0 + u·z_1 with z_0 ~ N(0, I), u ~ U[0, 1], regress
 v_θ(z_u, u, c) on z_1 − z_0 (mean squared error per coordinate). Validation
@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from mara_fm.eval_predictor import score
 from mara_fm.fm_model import FlowModel, PredictorConfig
-from mara_fm.fm_predictor import FMPredictor
+from mara_fm.predictors.fm import FMPredictor
 from mara_fm.targets import Stats
 
 

@@ -1,4 +1,4 @@
-"""The FM predictor's network (DESIGN §5.1), plain PyTorch.
+"""The FM predictor's network (docs/design.md §5.1), plain PyTorch.
 
 history points ─GRU─> h ─┐
 static features ─────────┴─MLP─> context c
@@ -30,7 +30,7 @@ class PredictorConfig:
     max_points: int = 12  # GRU steps at most (history thinning, see targets.py)
     recent_points: int = 6  # latest points always kept
     # network
-    # Chosen by family-held-out validation (experiments/select_predictor.py): larger
+    # Chosen by family-held-out validation (experiments/probes/select_predictor.py): larger
     # networks fit the ID families closer and forecast unseen families worse. Small
     # also suits the simulator: a step may refresh 7 prefixes, and per-op overhead,
     # not arithmetic, sets the cost of a call at this size.
@@ -77,6 +77,20 @@ class PredictorConfig:
             raise ValueError("PredictorConfig.heldout_families must be a list of family names, "
                              f"got the string {self.heldout_families!r}")
         object.__setattr__(self, "heldout_families", tuple(self.heldout_families))
+        counts = ("n_boundaries", "max_points", "recent_points", "gru_hidden", "context_dim", "width",
+                  "time_dim", "examples_per_curve", "val_examples_per_curve", "stats_examples_per_curve",
+                  "min_horizon", "batch_size", "max_epochs", "samples", "euler_steps")
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise ValueError(f"PredictorConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.depth < 0 or self.lr <= 0 or self.weight_decay < 0 or self.grad_clip <= 0:
+            raise ValueError("PredictorConfig needs depth >= 0, lr > 0, weight_decay >= 0 and grad_clip > 0")
+        for name in ("short_prefix_prob", "full_horizon_prob", "sampling_tolerance"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"PredictorConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("sample_choices", "step_choices"):
+            if not getattr(self, name) or min(getattr(self, name)) < 1:
+                raise ValueError(f"PredictorConfig.{name} must list counts >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.augment_prob <= 1.0:
             raise ValueError(f"PredictorConfig.augment_prob must be in [0, 1], got {self.augment_prob}")
         if self.augment_sigma < 0 or self.augment_length <= 0:

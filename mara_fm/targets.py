@@ -1,4 +1,4 @@
-"""Prefix encoding and flow-matching targets (DESIGN §5.1), in NumPy.
+"""Prefix encoding and flow-matching targets (docs/design.md §5.1), in NumPy.
 
 Training (thousands of examples per epoch) and prediction (a few prefixes per
 simulator step) go through the same vectorised functions, so the encoding the
@@ -142,7 +142,7 @@ def decode_targets(y: np.ndarray, current: np.ndarray, start: np.ndarray,
 
 
 def crossing_batches(loss_paths: np.ndarray, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
-    """Remaining batches until each path first reaches ε (DESIGN §5.1 decoding).
+    """Remaining batches until each path first reaches ε (docs/design.md §5.1 decoding).
 
     `loss_paths` (E, M, H+1) holds L̂ at the equal-width boundaries s_j of a
     horizon of `horizon` (E,) batches. The crossing is interpolated linearly

@@ -10,6 +10,7 @@ resumed training continues the same MLflow run).
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -20,20 +21,21 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from mara_fm.build_bank import BankConfig, default_bank_path, ensure_bank
+from mara_common.config import ConfigError
+from mara_common.paths import normal_path
+from mara_common.profile import Profile
+from mara_common.threads import torch_threads
+from mara_common.tracking import mlflow_run
+from mara_fm.bank import bank_digest
+from mara_fm.build_bank import BankConfig, ensure_bank
 from mara_fm.eval_predictor import Queries, score
 from mara_fm.fm_data import FMDataModule
 from mara_fm.fm_lightning import FMLightning
 from mara_fm.fm_model import PredictorConfig
-from mara_fm.fm_predictor import FMPredictor, torch_threads
-from mara_fm.profile import PROJECT_ROOT, profile_path, section_config
-from mara_fm.tracking import mlflow_run
+from mara_fm.predictors import FMPredictor
 
 EXPERIMENT = "mara-predictor"
-
-
-def default_out_dir(profile: str) -> Path:
-    return PROJECT_ROOT / "artifacts" / "predictor" / profile_path(profile).stem
+INPUTS_FILE = "inputs.json"  # what the checkpoints were trained on; a resume must match it
 
 
 @dataclass
@@ -91,7 +93,7 @@ def tune_sampling(predictor: FMPredictor, queries: Queries, cfg: PredictorConfig
     return sweep
 
 
-def train_predictor(profile: str = "default", bank_path: str | Path | None = None,
+def train_predictor(profile: Profile | str = "default", bank_path: str | Path | None = None,
                     out_dir: str | Path | None = None, resume: bool = True,
                     verbose: bool = True, report_every_s: float = 30.0, threads: int = 1,
                     **overrides: object) -> TrainResult:
@@ -100,35 +102,55 @@ def train_predictor(profile: str = "default", bank_path: str | Path | None = Non
     `threads`: torch intra-op threads while training (see `torch_threads`).
     """
     with torch_threads(threads):
-        return _train(profile, bank_path, out_dir, resume, verbose, report_every_s, overrides)
+        return _train(Profile.load(profile), bank_path, out_dir, resume, verbose, report_every_s, overrides)
 
 
-def _train(profile: str, bank_path: str | Path | None, out_dir: str | Path | None, resume: bool,
+def check_inputs(out_dir: Path, inputs: dict) -> None:
+    """Refuse to resume a training run whose bank or settings have changed since: its
+    checkpoint was fitted to other data (and normalised with other statistics)."""
+    stored_file = out_dir / INPUTS_FILE
+    if not (out_dir / "checkpoints").exists():
+        return
+    stored = json.loads(stored_file.read_text()) if stored_file.exists() else None
+    if stored != inputs:
+        changed = sorted(k for k in inputs if (stored or {}).get(k) != inputs[k]) if stored else ["unrecorded"]
+        raise ConfigError(f"{out_dir} holds a predictor training run with other inputs "
+                          f"({', '.join(changed)}): pass --fresh to start over, or another --out")
+
+
+def _train(profile: Profile, bank_path: str | Path | None, out_dir: str | Path | None, resume: bool,
            verbose: bool, report_every_s: float, overrides: dict) -> TrainResult:
     start = time.perf_counter()
-    cfg = section_config(PredictorConfig, profile, "predictor", **overrides)
-    bank_path = Path(bank_path) if bank_path else default_bank_path(profile)
-    ensure_bank(section_config(BankConfig, profile, "bank"), bank_path, progress=verbose)
-    out_dir = Path(out_dir) if out_dir else default_out_dir(profile)
+    cfg = profile.section(PredictorConfig, "predictor", **overrides)
+    bank_path = Path(bank_path) if bank_path else profile.paths.bank
+    ensure_bank(profile.section(BankConfig, "bank"), bank_path, progress=verbose)
+    out_dir = Path(out_dir) if out_dir else profile.paths.predictor_run
     ckpt_dir, run_file = out_dir / "checkpoints", out_dir / "mlflow_run_id"
     last = ckpt_dir / "last.ckpt"
     if not resume:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
+    # Training longer is a resume; anything else the checkpoint was fitted to must match.
+    settings = {k: v for k, v in asdict(cfg).items() if k != "max_epochs"}
+    inputs = {"bank": normal_path(bank_path), "bank_digest": bank_digest(bank_path),
+              "config": json.loads(json.dumps(settings))}
+    check_inputs(out_dir, inputs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))
     resuming = last.exists()
     L.seed_everything(cfg.seed, verbose=False)
     data = FMDataModule(cfg, bank_path)
     data.setup()
     module = FMLightning(cfg, data.stats)
     run_id = run_file.read_text().strip() if resuming and run_file.exists() else None
-    tags = {"stage": "train", "profile": profile, "bank": str(bank_path)}
-    with mlflow_run(EXPERIMENT, run_name=f"train-{profile_path(profile).stem}", tags=tags,
+    tags = {"stage": "train", "profile": profile.name, "bank": str(bank_path)}
+    with mlflow_run(EXPERIMENT, run_name=f"train-predictor-{profile.name}", tags=tags,
                     run_id=run_id) as run:
         import mlflow
 
         out_dir.mkdir(parents=True, exist_ok=True)
         run_file.write_text(run.info.run_id)
         if run_id is None:
-            mlflow.log_params({**asdict(cfg), "bank": str(bank_path), "profile": profile})
+            mlflow.log_params({**asdict(cfg), "bank": str(bank_path), "profile": profile.name})
             mlflow.log_metrics({f"constant_val_{k}": v for k, v in data.constant_val.items()
                                 if k in ("capped_mae", "budget_accuracy")})
         # Saved at the end of each training epoch (after validation), so a resume starts a new epoch.

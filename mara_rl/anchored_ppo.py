@@ -3,7 +3,7 @@
 A warm-started MAT begins as a close copy of LARA-FM. Plain PPO from there
 drifts: with normalised advantages that are mostly noise, pushing down a
 near-certain choice moves more probability than pushing it up can, so the
-entropy climbs and the greedy policy loses what imitation taught (README,
+entropy climbs and the greedy policy loses what imitation taught (docs/history.md,
 "Fine-tuning from the warm start"). The anchor adds, per sampled state,
 
     anchor_coeff · Σ_i KL( π_ref(· | s, a_<i) ‖ π(· | s, a_<i) ),
@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core.columns import Columns
 
+from mara_rl.policy import load_policy
+
 ANCHOR_KL = "anchor_kl"
 
 
@@ -42,8 +44,6 @@ class AnchoredPPOTorchLearner(PPOTorchLearner):
 
     def reference(self) -> Any:
         if self._reference is None:
-            from mara_rl.train_scheduler import load_policy
-
             path = Path(self.config.learner_config_dict["anchor_policy"])
             self._reference = load_policy(path).requires_grad_(False)
         return self._reference

@@ -18,7 +18,9 @@ from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
 from mara_rl.mat_module import MATConfig
-from mara_rl.train_scheduler import SchedulerConfig, build_algorithm
+from mara_rl.policy import act, module_spec
+from mara_rl.scheduler_config import SchedulerConfig
+from mara_rl.train_scheduler import build_algorithm
 
 
 def first_slots(obs: dict, n_nodes: int) -> np.ndarray:
@@ -70,8 +72,6 @@ def mat_decision_ms(cfg: EnvConfig, mat: MATConfig | None = None, decisions: int
     the median over `decisions` steps, the lowest of `repeats` such medians (as `timeit`
     advises: other load on the machine only ever adds time)."""
     import torch
-
-    from mara_rl.train_scheduler import act, module_spec
 
     torch.set_num_threads(1)
     module = module_spec(cfg, mat or MATConfig()).build().eval()

@@ -1,41 +1,52 @@
-"""The `mara` command line: one subcommand per stage of the pipeline."""
+"""The `mara` command line: one subcommand per stage of the pipeline.
+
+Every subcommand takes `--profile` (parsed once, here) and `--debug`. Any
+failure ends in one line naming its cause; `--debug` shows the traceback.
+Output folders are checked for writing before any work starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
+from mara_common.config import ConfigError
+from mara_common.profile import Profile
+from mara_common.tracking import check_reachable, tracking_uri
+from mara_env.env import EnvConfig
 from mara_fm import commands as predictor_commands
-from mara_fm.build_bank import default_bank_path
-from mara_fm.profile import ConfigError, section_config
+from mara_fm.build_bank import BankConfig, ensure_bank
 from mara_rl import pipeline, scheduler_commands
+from mara_rl.bench import run_bench
+from mara_rl.evaluate import EvalConfig, evaluate, markdown_table
+from mara_rl.methods import builtin_methods, learned, parse_policies, unavailable
+from mara_rl.scheduler_config import scheduler_config, training_env
 
-
-def cmd_curves(args: argparse.Namespace) -> None:
-    from mara_fm.build_bank import BankConfig, build_bank
-
-    cfg = section_config(BankConfig, args.profile, "bank", workers=args.workers)
-    out = Path(args.out) if args.out else default_bank_path(args.profile)
-    path = build_bank(cfg, out, progress=True)
-    print(f"bank written: {path}")
+UNTRACKED = ("curves", "bench")  # the commands that log nothing to MLflow
 
 
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def cmd_evaluate(args: argparse.Namespace) -> None:
-    from mara_env.env import EnvConfig
-    from mara_fm.build_bank import BankConfig, ensure_bank
-    from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, learned, markdown_table
+def _loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in _csv(text)]
+    except ValueError:
+        raise ConfigError(f"--load {text!r}: give comma-separated arrival probabilities, e.g. 0.04,0.05") from None
+    if not loads or any(not 0.0 <= p <= 1.0 for p in loads):
+        raise ConfigError(f"--load {text!r}: arrival probabilities must lie in [0, 1]")
+    return loads
 
-    bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
-    if not args.bank:
-        ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
-    env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank))
-    eval_cfg = section_config(EvalConfig, args.profile, "evaluation", roots=args.roots,
-                              episodes_per_root=args.episodes, split=args.split)
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    profile: Profile = args.profile
+    bank = Path(args.bank) if args.bank else ensure_bank(profile.section(BankConfig, "bank"), profile.paths.bank)
+    env_cfg = profile.section(EnvConfig, "env", bank=str(bank))
+    eval_cfg = profile.section(EvalConfig, "evaluation", roots=args.roots, episodes_per_root=args.episodes,
+                               split=args.split)
     available = builtin_methods(args.fm, env_cfg.view_options)
     names = list(dict.fromkeys(_csv(args.methods)))
     for (name, seed), path in parse_policies(args.policies).items():
@@ -43,62 +54,50 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         available[key] = learned(name, path, seed)
         if key not in names:  # naming it in --methods as well must not run it twice
             names.append(key)
-    unknown = [m for m in names if m not in available]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {unknown}; available: {sorted(available)}"
-                          + ("" if args.fm else " (lara_fm needs --fm PATH)"))
-    records = evaluate([available[m] for m in names], _csv(args.task_set),
-                       [float(x) for x in _csv(args.load)], bank, env_cfg, eval_cfg,
-                       scenario=args.scenario, out_dir=Path(args.out), log_mlflow=not args.no_mlflow)
+    missing = unavailable(names, available)
+    if missing:
+        raise ConfigError(f"cannot run: {missing}")
+    records = evaluate([available[m] for m in names], _csv(args.task_set), _loads(args.load), bank, env_cfg,
+                       eval_cfg, scenario=args.scenario, out_dir=Path(args.out), log_mlflow=not args.no_mlflow,
+                       tags={"profile": profile.name, "evaluation": Path(args.out).name})
     print(markdown_table(records))
     print(f"results: {Path(args.out) / 'results.json'}")
 
 
-def parse_policies(text: str | None) -> dict[tuple[str, int | None], str]:
-    """`NAME[@SEED]=POLICY_DIR,...` → {(name, training seed or None): dir}.
-
-    The seed lets several training runs of one method enter the report as
-    that method's seeds (e.g. `mara@1=...,mara@2=...` beside the pipeline's seed 0).
-    """
-    policies = {}
-    for item in _csv(text or ""):
-        key, _, path = item.partition("=")
-        name, at, seed = key.partition("@")
-        if not name or not path or (at and not seed.isdigit()):
-            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR or NAME@SEED=POLICY_DIR")
-        policies[(name, int(seed) if at else None)] = path
-    return policies
-
-
 def cmd_bench(args: argparse.Namespace) -> None:
-    from mara_env.env import EnvConfig
-    from mara_fm.build_bank import BankConfig, ensure_bank
-    from mara_rl.bench import run_bench
-
-    bank = Path(args.bank) if args.bank else default_bank_path(args.profile)
-    if not args.bank:
-        ensure_bank(section_config(BankConfig, args.profile, "bank"), bank)
-    env_cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="test")
-    from mara_rl.train_scheduler import SchedulerConfig, training_env
-
-    sched = section_config(SchedulerConfig, args.profile, "scheduler", fm_path=args.fm,
-                           predictor="fm" if args.fm else "wls")
-    training = None if args.skip_training else (sched, training_env(sched, args.profile, bank))
+    profile: Profile = args.profile
+    bank = Path(args.bank) if args.bank else ensure_bank(profile.section(BankConfig, "bank"), profile.paths.bank)
+    env_cfg = profile.section(EnvConfig, "env", bank=str(bank), split="test")
+    sched = scheduler_config(profile, predictor="fm" if args.fm else "wls", fm_path=args.fm)
+    training = None if args.skip_training else (sched, training_env(sched, profile, bank))
     run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training,
-              mat=sched.mat_config())
+              mat=sched.mat)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path the command was given can be written, before any work starts."""
+    for name in getattr(args, "outputs", ()):
+        value = getattr(args, name, None)
+        if not value:
+            continue
+        path = Path(value)
+        folder = path.parent if path.suffix else path
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: cannot write there ({exc.strerror or exc})") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mara", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--profile", default="default", help="profile name in experiments/profiles/ or a TOML path")
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser = argparse.ArgumentParser(prog="mara", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("curves", help="build the curve bank from real training runs")
-    p.add_argument("--profile", default="default")
-    p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet)")
-    p.add_argument("--workers", type=int, help="processes (default: one per core)")
-    p.set_defaults(func=cmd_curves)
-
-    p = sub.add_parser("evaluate", help="run allocators on frozen episodes")
+    p = sub.add_parser("evaluate", parents=[common], help="run allocators on frozen episodes")
     p.add_argument("--methods", default="fifo,edf,lara,oracle")
     p.add_argument("--task-set", default="id", help="comma-separated: id,rl_ood,vit_ood")
     p.add_argument("--load", default="0.04", help="comma-separated arrival probabilities")
@@ -106,19 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["test", "val"], help="episodes from test (default) or "
                    "validation curves; choices made on results should use val")
     p.add_argument("--out", required=True)
-    p.add_argument("--profile", default="default")
     p.add_argument("--bank")
-    p.add_argument("--fm", help="exported FM predictor (enables lara_fm, and lara_fm_optimistic "
-                   "when the profile sets [env] optimistic_quantile)")
+    p.add_argument("--fm", help="exported FM predictor (enables the methods that read FM)")
     p.add_argument("--policies", help="learned methods as NAME[@SEED]=POLICY_DIR,... "
-                   "(e.g. mara=artifacts/scheduler/default-fm-beta0.1-seed0-imitation32-lara_optimistic-dagger2/policy)")
+                   "(e.g. mara=artifacts/scheduler/default-seed0/policy)")
     p.add_argument("--roots", type=int)
     p.add_argument("--episodes", type=int, help="episodes per evaluation root")
     p.add_argument("--no-mlflow", action="store_true")
-    p.set_defaults(func=cmd_evaluate)
+    p.set_defaults(func=cmd_evaluate, outputs=("out",))
 
-    p = sub.add_parser("bench", help="print throughput figures")
-    p.add_argument("--profile", default="default")
+    p = sub.add_parser("bench", parents=[common], help="print throughput figures")
     p.add_argument("--bank")
     p.add_argument("--steps", type=int, default=20_000)
     p.add_argument("--skip-bank", action="store_true", help="skip the bank build-rate benchmark")
@@ -126,18 +122,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fm", help="also time the env with this exported FM predictor inside")
     p.set_defaults(func=cmd_bench)
 
-    predictor_commands.register(sub)
-    scheduler_commands.register(sub)
-    pipeline.register(sub)
+    predictor_commands.register(sub, common)
+    scheduler_commands.register(sub, common)
+    pipeline.register(sub, common)
     return parser
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the cause: the message of an expected error, else its type too."""
+    text = " ".join(str(exc).split()) or exc.__class__.__name__
+    expected = (ConfigError, FileNotFoundError, ValueError, PermissionError)
+    return text if isinstance(exc, expected) else f"{exc.__class__.__name__}: {text}"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
+        args.profile = Profile.load(args.profile)
+        check_outputs(args)
+        if args.command not in UNTRACKED and not getattr(args, "no_mlflow", False):
+            check_reachable(tracking_uri())  # before the work, not after it
         args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"mara {args.command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"mara {args.command}: interrupted (a rerun resumes where it can)", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"mara {args.command}: error: {describe(exc)} (--debug shows the traceback)", file=sys.stderr)
         sys.exit(2)
 
 

@@ -1,4 +1,4 @@
-"""Evaluate allocators on frozen, shared episodes (DESIGN §8).
+"""Evaluate allocators on frozen, shared episodes (docs/design.md §8).
 
 Episodes are generated once per (bank, task set, split, load, root), saved
 under `data/episodes/`, and replayed by every method, so differences between
@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mara_env.allocators import ALLOCATORS
+from mara_common.config import check_settings, setting
+from mara_common.paths import EPISODE_DIR
+from mara_common.threads import torch_threads
+from mara_common.tracking import mlflow_run
 from mara_env.env import VIEW_OPTIONS, EnvConfig, load_curves
-from mara_env.vector import BatchDecide, replay_in_lockstep
+from mara_env.vector import replay_in_lockstep
 from mara_env.workload import (
     Episode,
     WorkloadConfig,
@@ -32,11 +34,10 @@ from mara_env.workload import (
     slack,
     stress_episode,
 )
-from mara_fm.bank import CurveSet
-from mara_fm.profile import PROJECT_ROOT
-from mara_fm.tracking import mlflow_run
+from mara_fm.bank import CurveSet, bank_digest
+from mara_rl.methods import Method
 
-EPISODE_DIR = PROJECT_ROOT / "data" / "episodes"
+EVAL_EXPERIMENT = "mara-evaluation"
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
 # Slack of a task = its window minus the batches it truly needs; feasible tasks have slack ≥ 0.
 # Completion per slack band shows where methods differ: every method finishes the roomy
@@ -56,75 +57,19 @@ COMPLETION = tuple(key for key, _, _ in slack_bands())
 
 @dataclass(frozen=True)
 class EvalConfig:
-    roots: int = 5
-    episodes_per_root: int = 8
-    split: str = "test"
+    """Profile section `[evaluation]`."""
+
+    roots: int = setting(5, ge=1, help="evaluation roots (independent sets of frozen episodes)")
+    episodes_per_root: int = setting(8, ge=1, help="frozen episodes per root")
+    split: str = setting("test", choices=("test", "val"), help="curves the episodes come from")
     # Training seeds of each learned scheduler that `mara reproduce` trains and evaluates.
-    scheduler_seeds: tuple[int, ...] = (0,)
+    scheduler_seeds: tuple[int, ...] = setting((0,), help="training seeds of each learned variant")
 
-
-@dataclass(frozen=True)
-class Method:
-    """How a method decides, and which predictor the env runs for it."""
-
-    name: str
-    predictor: str
-    make: Callable[[], BatchDecide] | None  # None: the Oracle bound, not simulated
-    seed: int | None = None  # scheduler training seed; None for methods that are not trained
-    # The env's `VIEW_OPTIONS` the method runs with; those not named are off (DESIGN's observation).
-    view: dict[str, Any] = field(default_factory=dict)
-
-
-def classic(name: str) -> Callable[[], BatchDecide]:
-    def make() -> BatchDecide:
-        allocator = ALLOCATORS[name]()
-        return lambda obs, envs: np.stack([allocator.act(env.scheduler_view()) for env in envs])
-
-    return make
-
-
-def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Method:
-    """An exported MAT policy, run with the predictor it was trained with.
-
-    Several policies may share `name` with different training `seed`s: their
-    records then differ only in `Record.seed`, so seeds are paired by value.
-    """
-    from mara_rl.train_scheduler import act, load_policy, policy_env
-
-    def make() -> BatchDecide:
-        module = load_policy(policy_dir)
-        return lambda obs, envs: act(module, obs)
-
-    trained_in = policy_env(policy_dir)
-    return Method(name, trained_in.pop("predictor"), make, seed, trained_in)
-
-
-def builtin_methods(fm_path: str | None = None, view: dict[str, Any] | None = None) -> dict[str, Method]:
-    """The non-learned methods; `lara_fm` with an FM predictor, `lara_fm_optimistic` with that
-    and an optimistic quantile in `view` (the profile's `EnvConfig.view_options`; it runs with
-    all of them, as MARA's teacher), `llf_oracle` with the quantile."""
-    view = view or {}
-    optimistic_quantile = view.get("optimistic_quantile")
-    methods = {
-        "fifo": Method("fifo", "wls", classic("fifo")),
-        "edf": Method("edf", "wls", classic("edf")),
-        "lara": Method("lara", "wls", classic("lara")),
-        # LARA fed the true remaining demand: the room a better predictor can win.
-        "lara_oracle": Method("lara_oracle", "oracle", classic("lara")),
-        "oracle": Method("oracle", "oracle", None),
-    }
-    if fm_path:
-        methods["lara_fm"] = Method("lara_fm", f"fm:{fm_path}", classic("lara"))
-    if optimistic_quantile is not None:
-        # Exact feasibility and least-laxity service on the true demand: how close planning
-        # on exact information comes to the Oracle bound.
-        methods["llf_oracle"] = Method("llf_oracle", "oracle", classic("llf"),
-                                       view={"optimistic_quantile": optimistic_quantile})
-    if fm_path and optimistic_quantile is not None:
-        # LARA-FM planning on the optimistic quantile of FM's samples: MARA's imitation teacher.
-        methods["lara_fm_optimistic"] = Method("lara_fm_optimistic", f"fm:{fm_path}", classic("lara_optimistic"),
-                                               view=view)
-    return methods
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if not self.scheduler_seeds or min(self.scheduler_seeds) < 0 or \
+                len(set(self.scheduler_seeds)) != len(self.scheduler_seeds):
+            raise ValueError(f"scheduler_seeds must list distinct seeds >= 0, got {list(self.scheduler_seeds)}")
 
 
 def episode_root_seed(task_set: str, split: str, load: float, root: int) -> np.random.SeedSequence:
@@ -135,9 +80,10 @@ def frozen_episodes(bank: Path, task_set: str, split: str, load: float, root: in
                     horizon: int, workload: WorkloadConfig, scenario: str = "default") -> list[Episode]:
     """Load the frozen episodes of one root, generating and saving them the first time."""
     tag = "stress" if scenario == "stress" else f"p{load:.3f}"
-    # The workload and horizon are part of the key: changing them never reuses stale episodes.
+    # The bank's content, the workload and the horizon are the key: a rebuilt bank or a changed
+    # workload never reuses stale episodes.
     key = hashlib.sha1(json.dumps([asdict(workload), horizon]).encode()).hexdigest()[:8]
-    path = EPISODE_DIR / f"{bank.stem}-{key}" / f"{task_set}-{split}-{tag}-root{root}.json"
+    path = EPISODE_DIR / f"{bank.stem}-{bank_digest(bank)}-{key}" / f"{task_set}-{split}-{tag}-root{root}.json"
     if path.exists():
         episodes = load_episodes(path)
         if len(episodes) >= count:
@@ -222,7 +168,8 @@ def completion_by_slack(episodes: list[Episode], succeeded: list[np.ndarray], cu
 
 def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
              env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str = "default",
-             out_dir: Path | None = None, log_mlflow: bool = True, progress: bool = True) -> list[Record]:
+             out_dir: Path | None = None, log_mlflow: bool = True, progress: bool = True,
+             tags: dict[str, Any] | None = None) -> list[Record]:
     """Every method on the same frozen episodes; writes results.json / results.md to `out_dir`.
 
     Runs with one torch thread, whatever the process had set before: the
@@ -231,14 +178,12 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     this the numbers would depend on the machine's cores and on what ran
     earlier in the process (measured: 44.85 vs 44.91 for one cell).
     """
-    from mara_fm.fm_predictor import torch_threads
-
     with torch_threads(1):
         records = _evaluate(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario, progress)
     if out_dir is not None:
         write_results(records, Path(out_dir))
     if log_mlflow:
-        log_records(records, out_dir)
+        log_records(records, out_dir, tags)
     return records
 
 
@@ -293,23 +238,30 @@ def write_results(records: list[Record], out_dir: Path) -> None:
     (out_dir / "results.md").write_text(markdown_table(records))
 
 
-def log_records(records: list[Record], out_dir: Path | None) -> None:
-    """One MLflow run per record, with the same metric names, for the compare view."""
-    for r in records:
-        tags = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario,
-                "split": r.split}
-        name = f"{r.method}-{r.task_set}-p{r.load:.2f}-{r.scenario}" + ("" if r.split == "test" else f"-{r.split}")
-        if r.seed is not None:
-            tags["seed"] = r.seed
-            name += f"-seed{r.seed}"
-        with mlflow_run("mara-evaluation", name, tags) as _:
-            import mlflow
+def record_name(r: Record) -> str:
+    """A run name that says what the record is: method (seed), task set, load, scenario, split."""
+    seed = "" if r.seed is None else f" seed {r.seed}"
+    split = "" if r.split == "test" else f" ({r.split})"
+    return f"{r.method}{seed} · {r.task_set}{split} · p={r.load:g} · {r.scenario}"
 
-            mlflow.log_params(tags)
-            metrics = {"success_rate_mean": r.success_rate_mean,
-                       "success_rate_std": r.success_rate_std,
-                       "tasks_per_episode": r.tasks_per_episode}
-            metrics.update({k: v for k, v in r.diagnostics.items() if not math.isnan(v)})
-            mlflow.log_metrics(metrics)
-            if out_dir is not None:
-                mlflow.log_artifact(str(out_dir / "results.md"))
+
+def log_records(records: list[Record], out_dir: Path | None, tags: dict[str, Any] | None = None) -> None:
+    """One MLflow run for the evaluation (holding its results files once), with one nested
+    run per record: the same metric names everywhere, for the compare view."""
+    import mlflow
+
+    tags = {k: str(v) for k, v in (tags or {}).items()}
+    title = " · ".join(["evaluation", *(tags[k] for k in ("evaluation", "profile") if k in tags)])
+    with mlflow_run(EVAL_EXPERIMENT, title, {**tags, "kind": "evaluation"}):
+        if out_dir is not None:
+            mlflow.log_artifacts(str(out_dir))
+        for r in records:
+            params = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario,
+                      "split": r.split, **({} if r.seed is None else {"seed": r.seed})}
+            with mlflow_run(EVAL_EXPERIMENT, record_name(r), {**tags, **params, "kind": "record"}, nested=True):
+                mlflow.log_params(params)
+                metrics = {"success_rate_mean": r.success_rate_mean,
+                           "success_rate_std": r.success_rate_std,
+                           "tasks_per_episode": r.tasks_per_episode}
+                metrics.update({k: v for k, v in r.diagnostics.items() if not math.isnan(v)})
+                mlflow.log_metrics(metrics)

@@ -41,8 +41,8 @@ from mara_env.allocators import ALLOCATORS, LARA
 from mara_env.env import EnvConfig, MultiNodeEnv, SlotView, sample_episodes
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_fm.predictors import OraclePredictor
-from mara_rl.evaluate import classic
 from mara_rl.mat_module import MASKED_LOGIT, MATModule
+from mara_rl.methods import classic
 
 
 @dataclass
@@ -82,15 +82,10 @@ def true_demand_view(env: MultiNodeEnv, oracle: OraclePredictor) -> SlotView:
     return replace(view, predicted=predicted)
 
 
-def check_teacher(teacher: str) -> None:
-    """Refuse a teacher name that is not one of `TEACHERS` (SchedulerConfig calls this too)."""
-    if teacher not in TEACHERS:
-        raise ValueError(f"unknown imitation_teacher {teacher!r}; known: {list(TEACHERS)}")
-
-
 def teacher_policy(teacher: str) -> BatchDecide:
     """The teacher's decisions for a batch of envs: an allocator, or LARA on true demand."""
-    check_teacher(teacher)
+    if teacher not in TEACHERS:
+        raise ValueError(f"unknown imitation teacher {teacher!r}; known: {list(TEACHERS)}")
     if teacher == PRIVILEGED_TEACHER:
         lara, oracle = LARA(), OraclePredictor()
         return lambda obs, envs: np.stack([lara.act(true_demand_view(env, oracle)) for env in envs])

@@ -1,4 +1,4 @@
-"""The MAT scheduler policy (DESIGN §7) as an RLlib `TorchRLModule`.
+"""The MAT scheduler policy (docs/design.md §7) as an RLlib `TorchRLModule`.
 
 An encoder attends over one token per task slot plus one token for the global
 features; its outputs give a centralised value and per-slot representations.

@@ -1,4 +1,4 @@
-"""`mara reproduce` and `mara report`: the whole protocol of DESIGN §8.
+"""`mara reproduce` and `mara report`: the whole protocol of docs/design.md §8.
 
 `reproduce` runs bank → FM predictor (+ its evaluation) → schedulers (MARA,
 MARA-WLS and sparse, per seed of `[evaluation] scheduler_seeds`) →
@@ -21,34 +21,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tqdm import tqdm
 
-from mara_fm.build_bank import default_bank_path
-from mara_fm.profile import PROJECT_ROOT, profile_path, section_config
+from mara_common.config import ConfigError
+from mara_common.profile import Profile
+from mara_env.env import EnvConfig
+from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.eval_predictor import run_eval
+from mara_fm.predictors import predictor_digest
+from mara_fm.train_predictor import train_predictor
+from mara_rl.evaluate import EvalConfig, evaluate
+from mara_rl.methods import BUILTIN, VARIANTS, Variant, builtin_methods, learned, parse_policies
+from mara_rl.policy import POLICY_SPEC
 from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
-
-if TYPE_CHECKING:
-    from mara_rl.train_scheduler import SchedulerConfig
-
-# lara_oracle (LARA told each task's true demand) is a reference like the Oracle bound: the
-# most that planning on exact forecasts gives LARA, which bounds what a predictor can add.
-# llf_oracle, a better planner told the true demand, is a second one: how far below the
-# bound planning on exact information stays.
-CLASSIC = ("lara", "lara_fm", "lara_fm_optimistic", "fifo", "edf", "lara_oracle", "llf_oracle", "oracle")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A learned scheduler: its method name, the predictor in its env, its shaping weight."""
-
-    name: str
-    predictor: str
-    beta: float | None = None  # None: the profile's [scheduler] beta
-
-
-VARIANTS = (Variant("mara", "fm"), Variant("mara_wls", "wls"), Variant("sparse", "fm", 0.0))
+from mara_rl.run_state import load_state, policy_dir, settings_changed
+from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
+from mara_rl.train_scheduler import train
 
 
 @dataclass(frozen=True)
@@ -59,44 +49,6 @@ class PipelineConfig:
     # evaluation already covers the OOD sets.
     sweep_loads: tuple[float, ...] = (0.04, 0.05, 0.06, 0.07)
     sweep_task_sets: tuple[str, ...] = ("id",)
-
-
-@dataclass(frozen=True)
-class Paths:
-    """Where each stage of a profile writes (the same places the single commands use)."""
-
-    profile: str
-
-    @property
-    def name(self) -> str:
-        return profile_path(self.profile).stem
-
-    @property
-    def bank(self) -> Path:
-        return default_bank_path(self.profile)
-
-    @property
-    def fm(self) -> Path:
-        from mara_fm.train_predictor import default_out_dir
-
-        return default_out_dir(self.profile) / "predictor"
-
-    @property
-    def predictor_eval(self) -> Path:
-        return PROJECT_ROOT / "reports" / "predictor" / self.name / "predictor_eval.json"
-
-    @property
-    def report(self) -> Path:
-        return PROJECT_ROOT / "reports" / self.name
-
-    @property
-    def evaluation(self) -> Path:
-        return self.report / "eval"
-
-    def scheduler(self, cfg: SchedulerConfig) -> Path:
-        from mara_rl.scheduler_commands import default_out
-
-        return default_out(self.profile, cfg)
 
 
 @dataclass
@@ -132,72 +84,61 @@ def run_stages(stages: list[Stage], progress: bool = True) -> None:
         tqdm.write(f"[{stage.name}] done in {time.perf_counter() - start:.0f}s: {stage.output}")
 
 
-def variant_config(profile: str, paths: Paths, variant: Variant, seed: int) -> SchedulerConfig:
-    from mara_rl.train_scheduler import SchedulerConfig
-
-    # fm_path only for FM variants: a WLS run's config then matches `mara train-scheduler`'s.
-    return section_config(SchedulerConfig, profile, "scheduler", predictor=variant.predictor,
-                          beta=variant.beta, seed=seed,
-                          fm_path=str(paths.fm.resolve()) if variant.predictor == "fm" else None)
+def variant_config(profile: Profile, variant: Variant, seed: int) -> SchedulerConfig:
+    """A learned variant's settings: the profile's `[scheduler]` with its overrides — the same
+    config `mara train-scheduler` builds from the same flags, so either reuses the other's run."""
+    return scheduler_config(profile, seed=seed, **variant.settings)
 
 
-def scheduler_stage(profile: str, paths: Paths, variant: Variant, seed: int) -> Stage:
-    from mara_rl.train_scheduler import POLICY_SPEC, policy_dir
-
-    cfg = variant_config(profile, paths, variant, seed)
-    out = paths.scheduler(cfg)
+def scheduler_stage(profile: Profile, variant: Variant, seed: int) -> Stage:
+    cfg = variant_config(profile, variant, seed)
+    out = default_out(profile, cfg)
+    bank = profile.paths.bank
 
     def run() -> None:
-        from mara_rl.train_scheduler import train, training_env
-
-        train(cfg, training_env(cfg, profile, paths.bank), out, run_name=out.name)
+        train(cfg, training_env(cfg, profile, bank), out, run_name=out.name,
+              tags={"profile": profile.name, "variant": variant.name})
 
     def check() -> None:
-        from mara_fm.predictors import predictor_digest
-        from mara_rl.train_scheduler import load_state, settings_changed, training_env
-
-        env_cfg = training_env(cfg, profile, paths.bank)
+        env_cfg = training_env(cfg, profile, bank)
         changed = settings_changed(load_state(out), cfg, env_cfg, predictor_digest(env_cfg.predictor))
         if changed:
-            raise ValueError(f"{out} was trained with other settings than this code and profile give "
-                             f"({', '.join(changed)}): move it aside (or delete it) to retrain it")
+            raise ConfigError(f"{out} was trained with other settings than this code and profile give "
+                              f"({', '.join(changed)}): move it aside (or delete it) to retrain it")
 
-    inputs = (paths.bank, paths.fm / "config.json") if variant.predictor == "fm" else (paths.bank,)
+    inputs = (bank, profile.paths.predictor / "config.json") if cfg.predictor == "fm" else (bank,)
     return Stage(f"scheduler {variant.name} seed {seed}", policy_dir(out) / POLICY_SPEC, run, inputs, check)
 
 
-def trained_policies(profile: str, paths: Paths) -> dict[tuple[str, int], Path]:
+def trained_policies(profile: Profile) -> dict[tuple[str, int], Path]:
     """(variant, seed) → the policy.json its training run exports, for every variant and seed."""
-    from mara_rl.evaluate import EvalConfig
-
-    seeds = list(section_config(EvalConfig, profile, "evaluation").scheduler_seeds)
-    return {(v.name, seed): scheduler_stage(profile, paths, v, seed).output for seed in seeds for v in VARIANTS}
+    seeds = profile.section(EvalConfig, "evaluation").scheduler_seeds
+    return {(v.name, seed): scheduler_stage(profile, v, seed).output for seed in seeds for v in VARIANTS}
 
 
-def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
+def evaluation_stages(profile: Profile, cfg: PipelineConfig,
                       policies: dict[tuple[str, int], Path]) -> list[Stage]:
     """Main table, stress scenario and load sweep: every method on the same frozen episodes."""
-    from mara_env.env import EnvConfig
-    from mara_rl.evaluate import EvalConfig, builtin_methods, evaluate, learned
-
-    env_cfg = section_config(EnvConfig, profile, "env")
-    available = builtin_methods(str(paths.fm.resolve()), env_cfg.view_options)
-    classic = [available[m] for m in CLASSIC if m in available]
+    paths = profile.paths
+    env_cfg = profile.section(EnvConfig, "env")
+    eval_cfg = profile.section(EvalConfig, "evaluation")
+    available = builtin_methods(paths.predictor.resolve(), env_cfg.view_options)
+    classic = [available[s.name] for s in BUILTIN if s.name in available]
 
     def run(name: str, task_sets: list[str], loads: list[float], scenario: str) -> Stage:
         out = paths.evaluation / name
 
         def go() -> None:
             methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items()]
-            evaluate(methods + classic, task_sets, loads, paths.bank, env_cfg,
-                     section_config(EvalConfig, profile, "evaluation"), scenario=scenario, out_dir=out)
+            evaluate(methods + classic, task_sets, loads, paths.bank, env_cfg, eval_cfg, scenario=scenario,
+                     out_dir=out, tags={"profile": profile.name, "evaluation": name})
 
-        def covers() -> bool:  # a method added to CLASSIC since (or a new seed) reruns the stage
+        def covers() -> bool:  # a method added to the registry since (or a new seed) reruns the stage
             recorded = {(r.method, r.seed) for r in load_records([out / "results.json"])}
             return set(policies) | {(m.name, None) for m in classic} <= recorded
 
         return Stage(f"evaluate {name}", out / "results.json", go,
-                     (paths.bank, paths.fm / "config.json", *policies.values()), covers=covers)
+                     (paths.bank, paths.predictor / "config.json", *policies.values()), covers=covers)
 
     main_load = cfg.report.main_load
     sweep = [p for p in cfg.sweep_loads if p != main_load]  # the main load comes from "main"
@@ -206,48 +147,40 @@ def evaluation_stages(profile: str, paths: Paths, cfg: PipelineConfig,
             run("sweep", list(cfg.sweep_task_sets), sweep, "default")]
 
 
-def make_report(profile: str, eval_dir: Path | None = None, out_dir: Path | None = None,
+def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | None = None,
                 predictor_eval: Path | None = None, cfg: ReportConfig | None = None,
-                log_mlflow: bool = True) -> Path:
-    """The report from every `results.json` under `eval_dir`; returns report.md's path."""
-    paths = Paths(profile)
+                log_mlflow: bool = True, publish: bool = True) -> Path:
+    """The report from every `results.json` under `eval_dir`; returns report.md's path.
+
+    With `publish`, the tables also go to `results/<profile>/` and the README's results block.
+    """
+    paths = profile.paths
     eval_dir = eval_dir or paths.evaluation
     results = sorted(eval_dir.rglob("results.json"))
     if not results:
         raise FileNotFoundError(f"no results.json under {eval_dir} (run `mara reproduce` or "
                                 "`mara evaluate --out` there first)")
     out_dir = out_dir or paths.report
-    write_report(load_records(results), out_dir, paths.name, cfg or ReportConfig(),
-                 predictor_eval or paths.predictor_eval, log_mlflow)
+    write_report(load_records(results), out_dir, profile.name, cfg or ReportConfig(),
+                 predictor_eval or paths.predictor_eval, log_mlflow,
+                 publish_to=paths.results if publish else None)
     return out_dir / "report.md"
 
 
-def reproduce(profile: str, cfg: PipelineConfig = PipelineConfig(), progress: bool = True) -> Path:
+def reproduce(profile: Profile, cfg: PipelineConfig = PipelineConfig(), progress: bool = True) -> Path:
     """Every stage of `profile` in order, skipping those already done."""
-    from mara_fm.build_bank import BankConfig, ensure_bank
-    from mara_rl.evaluate import EvalConfig
-
-    paths = Paths(profile)
-    seeds = list(section_config(EvalConfig, profile, "evaluation").scheduler_seeds)
-
-    def train_fm() -> None:
-        from mara_fm.train_predictor import train_predictor
-
-        train_predictor(profile, paths.bank, paths.fm.parent)
-
-    def eval_fm() -> None:
-        from mara_fm.eval_predictor import run_eval
-
-        run_eval(paths.fm, paths.bank, paths.predictor_eval.parent)
-
+    paths = profile.paths
+    seeds = profile.section(EvalConfig, "evaluation").scheduler_seeds
     stages = [
-        Stage("bank", paths.bank,
-              lambda: ensure_bank(section_config(BankConfig, profile, "bank"), paths.bank)),
-        Stage("predictor", paths.fm / "config.json", train_fm, (paths.bank,)),
-        Stage("predictor evaluation", paths.predictor_eval, eval_fm, (paths.bank, paths.fm / "config.json")),
+        Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
+        Stage("predictor", paths.predictor / "config.json",
+              lambda: train_predictor(profile, paths.bank, paths.predictor_run), (paths.bank,)),
+        Stage("predictor evaluation", paths.predictor_eval,
+              lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report),
+              (paths.bank, paths.predictor / "config.json")),
     ]
-    stages += [scheduler_stage(profile, paths, v, seed) for seed in seeds for v in VARIANTS]
-    evaluations = evaluation_stages(profile, paths, cfg, trained_policies(profile, paths))
+    stages += [scheduler_stage(profile, v, seed) for seed in seeds for v in VARIANTS]
+    evaluations = evaluation_stages(profile, cfg, trained_policies(profile))
     stages += evaluations
     stages.append(Stage("report", paths.report / REPORT_JSON, lambda: make_report(profile, cfg=cfg.report),
                         (paths.predictor_eval, *(e.output for e in evaluations))))
@@ -255,28 +188,25 @@ def reproduce(profile: str, cfg: PipelineConfig = PipelineConfig(), progress: bo
     return paths.report / "report.md"
 
 
-def evaluate_all(profile: str, cfg: PipelineConfig = PipelineConfig(),
+def evaluate_all(profile: Profile, cfg: PipelineConfig = PipelineConfig(),
                  extra: dict[tuple[str, int | None], Path] | None = None) -> None:
     """The evaluation stages of `reproduce` (main, stress, sweep), always rerun, for the
     trained variants of every seed (which must exist) plus `extra` policies by (name,
     seed); an extra policy without a seed counts as seed 0, like a one-seed pipeline's."""
-    paths = Paths(profile)
-    policies = trained_policies(profile, paths)
+    policies = trained_policies(profile)
     missing = [f"{name} (seed {seed}): {path}" for (name, seed), path in policies.items() if not path.exists()]
     if missing:
         raise FileNotFoundError("no trained policy for " + "; ".join(missing)
                                 + " — train it (`make train-scheduler`, see README) or run `make reproduce`")
-    for (name, seed), policy_dir in (extra or {}).items():
-        policies[(name, 0 if seed is None else seed)] = Path(policy_dir) / "policy.json"
-    for stage in evaluation_stages(profile, paths, cfg, policies):
+    for (name, seed), path in (extra or {}).items():
+        policies[(name, 0 if seed is None else seed)] = Path(path) / POLICY_SPEC
+    for stage in evaluation_stages(profile, cfg, policies):
         stage.run()
 
 
 def cmd_evaluate_all(args: argparse.Namespace) -> None:
-    from mara_rl.cli import parse_policies
-
     evaluate_all(args.profile, extra=parse_policies(args.policies))
-    print(f"results under {Paths(args.profile).evaluation} (then `mara report --profile {args.profile}`)")
+    print(f"results under {args.profile.paths.evaluation} (then `mara report --profile {args.profile.name}`)")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
@@ -288,27 +218,27 @@ def cmd_report(args: argparse.Namespace) -> None:
                        Path(args.out) if args.out else None,
                        Path(args.predictor_eval) if args.predictor_eval else None,
                        dataclasses.replace(ReportConfig(), reference=args.reference),
-                       log_mlflow=not args.no_mlflow)
+                       log_mlflow=not args.no_mlflow, publish=not args.no_publish)
     print(f"report: {path}")
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("reproduce", help="every stage, bank to report (resumable)")
-    p.add_argument("--profile", default="default")
+def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser("reproduce", parents=[common], help="every stage, bank to report (resumable)")
     p.set_defaults(func=cmd_reproduce)
 
-    p = subparsers.add_parser("evaluate-all", help="every method and trained variant: main table, "
-                              "stress scenario, load sweep (the evaluation stages of reproduce)")
-    p.add_argument("--profile", default="default")
+    p = subparsers.add_parser("evaluate-all", parents=[common],
+                              help="every method and trained variant: main table, stress scenario, load "
+                              "sweep (the evaluation stages of reproduce)")
     p.add_argument("--policies", help="extra learned methods as NAME[@SEED]=POLICY_DIR,...")
     p.set_defaults(func=cmd_evaluate_all)
 
-    p = subparsers.add_parser("report", help="Tables 2-4, load sweep and paired CIs from results")
-    p.add_argument("--profile", default="default")
+    p = subparsers.add_parser("report", parents=[common], help="Tables 1-4, load sweep and paired CIs from results")
     p.add_argument("--eval-dir", help="folder searched for results.json (default reports/<profile>/eval)")
     p.add_argument("--out", help="report folder (default reports/<profile>)")
     p.add_argument("--predictor-eval", help="predictor_eval.json for Table 1 "
                    "(default reports/predictor/<profile>/predictor_eval.json, if present)")
     p.add_argument("--reference", default="mara", help="method every other is compared against")
     p.add_argument("--no-mlflow", action="store_true")
-    p.set_defaults(func=cmd_report)
+    p.add_argument("--no-publish", action="store_true",
+                   help="leave results/ and the README's results block as they are")
+    p.set_defaults(func=cmd_report, outputs=("out",))

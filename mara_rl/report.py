@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,12 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, Record, builtin_methods, slack_bands
+from mara_common.paths import README
+from mara_common.plotting import plt, save_figure
+from mara_common.tracking import mlflow_run
+from mara_fm.eval_predictor import markdown_table as predictor_table
+from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, EVAL_EXPERIMENT, Record, slack_bands
+from mara_rl.methods import SPECS
 from mara_rl.stats import BootstrapConfig, align_seeds, mean_std, paired_bootstrap
 
 REPORT_JSON, REPORT_MD = "report.json", "report.md"
 SWEEP_PNG, COMPARISON_PNG = "load_sweep.png", "comparisons.png"
 MEAN = "mean"  # the column of Table 2 that averages the task sets
+RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"  # the README's block
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,7 @@ def choose_reference(methods: list[str], preferred: str) -> tuple[str | None, st
     """The method every other is compared against, and a note when it is not `preferred`."""
     if preferred in methods:
         return preferred, ""
-    classic = set(builtin_methods(fm_path="-", view={"optimistic_quantile": 0.5}))  # names only: enables every one
-    trained = [m for m in methods if m not in classic]
+    trained = [m for m in methods if m not in SPECS]
     if trained:
         return trained[0], f"`{preferred}` was not evaluated: comparisons use `{trained[0]}` instead."
     return None, f"`{preferred}` and every learned method are absent: MARA comparisons are skipped."
@@ -272,9 +278,7 @@ def render(report: dict[str, Any], profile: str) -> str:
 
     out.append("## Table 1 — predictor (stage one)\n")
     if report["predictor"]:
-        from mara_fm.eval_predictor import markdown_table
-
-        out.append(markdown_table(report["predictor"]))
+        out.append(predictor_table(report["predictor"]))
     else:
         out.append("Not available: run `mara eval-predictor` first.\n")
 
@@ -350,8 +354,6 @@ def render(report: dict[str, Any], profile: str) -> str:
 
 # ---------------------------------------------------------------- figures
 def plot_sweep(report: dict[str, Any], path: Path) -> Path:
-    from mara_fm.plotting import plt, save_figure
-
     sweep = report["load_sweep"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, cells in sweep["rows"].items():
@@ -367,8 +369,6 @@ def plot_sweep(report: dict[str, Any], path: Path) -> Path:
 
 def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
     """Every paired difference with its interval: which ones clear zero, at a glance."""
-    from mara_fm.plotting import plt, save_figure
-
     scoped = [(f"{col}", report["table2_comparisons"][col]) for col in report["table2_comparisons"]]
     scoped.append(("stress", report["table3_comparisons"]))
     scoped += [(f"p={p}", c) for p, c in report["load_sweep_comparisons"].items()]
@@ -388,8 +388,10 @@ def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
 # ---------------------------------------------------------------- entry point
 def write_report(records: list[Record], out_dir: Path, profile: str,
                  cfg: ReportConfig = ReportConfig(), predictor_eval: Path | None = None,
-                 log_mlflow: bool = True) -> dict[str, Any]:
-    """report.json, report.md and PNGs into `out_dir`; logged as one run in `mara-evaluation`."""
+                 log_mlflow: bool = True, publish_to: Path | None = None) -> dict[str, Any]:
+    """report.json, report.md and PNGs into `out_dir`; logged to `mara-evaluation`. With
+    `publish_to`, report.md and the PNGs are copied there (the tracked `results/<profile>/`)
+    and, for the default profile, the README's results block is rewritten from them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pred = json.loads(predictor_eval.read_text()) if predictor_eval and predictor_eval.exists() else None
     report = build(records, cfg, pred)
@@ -400,17 +402,46 @@ def write_report(records: list[Record], out_dir: Path, profile: str,
         files.append(plot_sweep(report, out_dir / SWEEP_PNG))
     if report["reference"]:
         files.append(plot_comparisons(report, out_dir / COMPARISON_PNG))
+    if publish_to is not None:
+        publish(report, files, publish_to, profile)
     if log_mlflow:
         log_report(report, files, profile)
     return report
 
 
+def headline(report: dict[str, Any], profile: str) -> str:
+    """The README's results block: Table 2's success rates (mean over seeds × roots)."""
+    t2 = report["table2"]
+    rows = [[m, *(pct(cells[c]["mean"]) if c in cells else "–" for c in t2["columns"])]
+            for m, cells in t2["rows"].items()]
+    return (f"Success rate (%) on the frozen test episodes at p = {report['main_load']:g}, profile "
+            f"`{profile}` (generated by `make report`; intervals and the other tables in "
+            f"[results/{profile}/report.md](results/{profile}/report.md)):\n\n"
+            + table(["method", *t2["columns"]], rows))
+
+
+def publish(report: dict[str, Any], files: list[Path], dest: Path, profile: str,
+            readme: Path = README) -> None:
+    """Copy the Markdown report and its figures to `dest`; for the default profile, refresh
+    the results block of `readme`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        if f.suffix in (".md", ".png"):
+            shutil.copyfile(f, dest / f.name)
+    if profile == "default" and readme.exists():
+        text = readme.read_text()
+        begin, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+        if 0 <= begin < end:
+            block = f"{RESULTS_BEGIN}\n{headline(report, profile)}{RESULTS_END}"
+            readme.write_text(text[:begin] + block + text[end + len(RESULTS_END):])
+
+
 def log_report(report: dict[str, Any], files: list[Path], profile: str) -> None:
+    """The report run (files, every Table 2 cell and difference), and one `table2` run per
+    method whose metrics are its Table 2 row: the compare view of those runs is Table 2."""
     import mlflow
 
-    from mara_fm.tracking import mlflow_run
-
-    with mlflow_run("mara-evaluation", f"report-{profile}",
+    with mlflow_run(EVAL_EXPERIMENT, f"report · {profile}",
                     {"kind": "report", "profile": profile, "reference": report["reference"]}):
         metrics = {f"table2.{m}.{col}": c["mean"] for m, cells in report["table2"]["rows"].items()
                    for col, c in cells.items()}
@@ -419,3 +450,11 @@ def log_report(report: dict[str, Any], files: list[Path], profile: str) -> None:
         mlflow.log_metrics(metrics)
         for f in files:
             mlflow.log_artifact(str(f))
+    for method, cells in report["table2"]["rows"].items():
+        tags = {"kind": "table2", "profile": profile, "method": method}
+        query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
+        found = mlflow.search_runs(experiment_names=[EVAL_EXPERIMENT], filter_string=query,
+                                   max_results=1, output_format="list")
+        with mlflow_run(EVAL_EXPERIMENT, f"table2 · {method} · {profile}", tags,
+                        run_id=found[0].info.run_id if found else None):
+            mlflow.log_metrics({col: 100 * c["mean"] for col, c in cells.items()})

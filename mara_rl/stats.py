@@ -1,4 +1,4 @@
-"""Paired bootstrap intervals for differences between methods (DESIGN §8).
+"""Paired bootstrap intervals for differences between methods (docs/design.md §8).
 
 Every method runs on the same frozen episodes, so a difference is measured
 per shared *unit* (one frozen episode × one scheduler training seed) and the

@@ -18,16 +18,21 @@ from __future__ import annotations
 import os
 import shlex
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from mara_fm.profile import PROJECT_ROOT
-from mara_fm.tracking import tracking_uri
+from ray.job_submission import JobSubmissionClient
+
+from mara_common.config import ConfigError
+from mara_common.paths import PROJECT_ROOT
+from mara_common.tracking import check_reachable, tracking_uri
 
 UPLOAD_EXCLUDES = [
     ".git", "/.venv", "/data", "/artifacts", "/reports", "/mlruns", "/mlflow.db", "*.egg-info",
-    "__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", ".stamps",
+    "__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", ".stamps", "/mlartifacts", "/.ray",
 ]
-DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+REACH_TIMEOUT_S = 5.0
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -41,14 +46,37 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def check_cluster(address: str | None = None, timeout_s: float = REACH_TIMEOUT_S) -> str:
+    """The dashboard address to submit to, checked: set, answering, and accepting our token."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise ConfigError("no Ray cluster given: set RAY_ADDRESS (or --address) to its dashboard, e.g. "
+                          "http://127.0.0.1:8266 after `make ray-up` (README, 'Running on a cluster')")
+    if not address.startswith(("http://", "https://")):
+        raise ConfigError(f"Ray address {address!r}: give the dashboard's http://HOST:PORT")
+    request = urllib.request.Request(f"{address.rstrip('/')}/api/version", headers=auth_headers())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return address
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise ConfigError(f"the Ray cluster at {address} refused the request ({exc.code}): it uses token "
+                              "auth; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to its token and "
+                              "RAY_AUTH_MODE=token") from None
+        return address  # it answered
+    except OSError as exc:
+        raise ConfigError(f"the Ray dashboard at {address} did not answer within {timeout_s:g} s ({exc}); "
+                          "is the head running (`make ray-up`)?") from None
+
+
 def submit_training(train_argv: list[str], address: str | None = None, wait: bool = False,
                     timeout_s: float = 24 * 3600.0, poll_s: float = 5.0,
                     mlflow_uri: str | None = None, echo_logs: bool = True) -> tuple[str, str]:
     """Submit; with `wait`, poll until the job ends (or `timeout_s`). Returns (job id, status)."""
-    from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS,
-                                 headers=auth_headers())
+    address = check_cluster(address)
+    check_reachable(mlflow_uri or tracking_uri())
+    client = JobSubmissionClient(address, headers=auth_headers())
     entrypoint = "python -m mara_rl.cli train-scheduler " + shlex.join(train_argv)
     job_id = client.submit_job(
         entrypoint=entrypoint,

@@ -7,19 +7,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from mara_common.profile import Profile
 from mara_fm.bank import load_bank, select
 from mara_fm.build_bank import BankConfig, ensure_bank
 from mara_fm.fm_data import fit_stats
 from mara_fm.fm_model import FlowModel, PredictorConfig
-from mara_fm.fm_predictor import FMPredictor
-from mara_fm.profile import PROJECT_ROOT, section_config
+from mara_fm.predictors import FMPredictor
 
-SMOKE_BANK = PROJECT_ROOT / "data" / "banks" / "smoke.parquet"
+SMOKE_PROFILE = Profile.load("smoke")
+SMOKE_BANK = SMOKE_PROFILE.paths.bank
 
 
 @pytest.fixture(scope="session")
 def smoke_bank() -> Path:
-    return ensure_bank(section_config(BankConfig, "smoke", "bank"), SMOKE_BANK, progress=False)
+    return ensure_bank(SMOKE_PROFILE.section(BankConfig, "bank"), SMOKE_BANK, progress=False)
 
 
 @pytest.fixture(scope="session")

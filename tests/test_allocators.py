@@ -67,7 +67,7 @@ def test_lara_prefers_tasks_it_can_finish():
 
 def test_exact_feasibility_counts_the_work_later_deadlines_cannot_postpone():
     # Two nodes. C needs every one of its 10 steps, so one node is C's throughout and A
-    # and B (2 steps each, both due in 2) cannot both finish; DESIGN's test only sums
+    # and B (2 steps each, both due in 2) cannot both finish; docs/design.md's test only sums
     # the demand due by each deadline (4 <= 2·2, 14 <= 2·10) and calls the set feasible.
     demand, time_left = np.array([2.0, 2.0, 10.0]), np.array([2.0, 2.0, 10.0])
     assert not can_meet_deadlines(demand, time_left, n_nodes=2)
@@ -139,4 +139,4 @@ def test_probe_points_delay_the_judgement_of_a_new_task():
     probing = dataclasses.replace(view, probe_points=12)
     assert ALLOCATORS["lara_optimistic"]().act(probing).tolist() == [1]
     assert ALLOCATORS["llf"]().act(probing).tolist() == [1]
-    assert ALLOCATORS["lara"]().act(probing).tolist() == [2]  # DESIGN's LARA judges after the warm-up
+    assert ALLOCATORS["lara"]().act(probing).tolist() == [2]  # docs/design.md's LARA judges after the warm-up

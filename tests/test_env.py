@@ -41,7 +41,7 @@ def test_make_accepts_config_overrides(smoke_bank):
 @pytest.mark.parametrize("load, beta, bursts", [(0.04, 0.1, 0.0), (0.07, 0.1, 0.0), (0.05, 1.0, 0.5),
                                                 (0.06, 0.0, 0.0)])
 def test_shaped_return_equals_successes(smoke_bank, seed, load, beta, bursts):
-    """DESIGN §4: Φ_0 = Φ_T = 0, so Σ r_t = #successes for every policy and episode."""
+    """docs/design.md §4: Φ_0 = Φ_T = 0, so Σ r_t = #successes for every policy and episode."""
     env = make(smoke_bank, arrival_prob=load, beta=beta, strict=True, burst_prob=bursts)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
@@ -123,7 +123,7 @@ def test_observation_features_are_normalised(smoke_bank):
 
 def test_optimistic_feature_shows_the_predictors_low_estimate(smoke_bank, untrained_fm):
     """With `optimistic_quantile` each slot gains a 5th feature, FM's low sample, at or below
-    the median estimate; allocators read both. Without it the observation is DESIGN's."""
+    the median estimate; allocators read both. Without it the observation is docs/design.md's."""
     env = MultiNodeEnv(EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1,
                                  predictor=untrained_fm, optimistic_quantile=0.15))
     assert MultiNodeEnv(EnvConfig(bank=str(smoke_bank), split="test")).observation_space["slots"].shape == (16, 4)
@@ -138,7 +138,7 @@ def test_optimistic_feature_shows_the_predictors_low_estimate(smoke_bank, untrai
         finite = present & np.isfinite(view.optimistic)
         assert np.all(obs["slots"][finite, 4] <= obs["slots"][finite, 1] + 1e-6)
         # A task no sample brings to its threshold within its cap shows 1, above its median's
-        # rest-of-cap: the two cases DESIGN's estimate reports alike stay apart.
+        # rest-of-cap: the two cases docs/design.md's estimate reports alike stay apart.
         hopeless = present & ~np.isfinite(view.optimistic)
         assert np.all(obs["slots"][hopeless, 4] == 1.0) and np.all(obs["slots"][hopeless, 1] < 1.0)
         never += int(hopeless.sum())

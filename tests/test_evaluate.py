@@ -4,19 +4,20 @@ import mlflow
 import numpy as np
 import pytest
 
+from mara_common.config import ConfigError
+from mara_common.paths import EPISODE_DIR
 from mara_env.env import EnvConfig, load_curves
 from mara_env.workload import load_episodes, true_demand
-from mara_fm.profile import ConfigError
-from mara_rl.cli import main, parse_policies
+from mara_fm.bank import load_bank, save_bank
+from mara_rl.cli import main
 from mara_rl.evaluate import (
-    EPISODE_DIR,
-    builtin_methods,
     completion_by_slack,
     evaluate_method,
     frozen_episodes,
     pooled_episodes,
     slack_bands,
 )
+from mara_rl.methods import builtin_methods, parse_policies
 
 
 def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflow_store):
@@ -33,9 +34,18 @@ def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflo
 
     mlflow.set_tracking_uri(mlflow_store)
     runs = mlflow.search_runs(experiment_names=["mara-evaluation"])
-    assert len(runs) == 4
-    assert set(runs["tags.method"]) == {"fifo", "edf", "lara", "oracle"}
-    assert runs["metrics.success_rate_mean"].notna().all()
+    (parent,) = runs[runs["tags.kind"] == "evaluation"].itertuples()
+    records = runs[runs["tags.kind"] == "record"]
+    assert set(records["tags.method"]) == {"fifo", "edf", "lara", "oracle"} and len(records) == 4
+    assert (records["tags.mlflow.parentRunId"] == parent.run_id).all()
+    assert (records["tags.profile"] == "smoke").all() and records["metrics.success_rate_mean"].notna().all()
+    assert "lara · id · p=0.04 · default" in set(records["tags.mlflow.runName"])
+    # The results files are stored once, with the evaluation, not with every record.
+    client = mlflow.MlflowClient(mlflow_store)
+    assert {a.path for a in client.list_artifacts(parent.run_id)} == {"results.json", "results.md"}
+    assert not client.list_artifacts(records["run_id"].iloc[0])
+    experiment = client.get_experiment_by_name("mara-evaluation")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_evaluate_cli_runs_on_validation_episodes(smoke_bank, tmp_path):
@@ -60,6 +70,20 @@ def test_frozen_episodes_reload_identically(smoke_bank, tmp_path):
     assert any(EPISODE_DIR.glob(f"{smoke_bank.stem}-*/id-test-p0.040-root0.json"))
 
 
+def test_frozen_episodes_follow_the_banks_content(smoke_bank, tmp_path):
+    """A bank rebuilt at the same path with other curves gets its own episodes and thresholds."""
+    bank = tmp_path / smoke_bank.name
+    frame = load_bank(smoke_bank)
+    save_bank(frame, bank)
+    cfg = EnvConfig()
+    first = frozen_episodes(bank, "id", "test", 0.04, 0, 1, cfg.horizon, cfg.workload)
+    frame["losses"] = frame["losses"].map(lambda losses: [x / 2 for x in losses])
+    save_bank(frame, bank)
+    halved = frozen_episodes(bank, "id", "test", 0.04, 0, 1, cfg.horizon, cfg.workload)
+    assert first[0].curve_ids == halved[0].curve_ids
+    np.testing.assert_allclose(halved[0].eps, first[0].eps / 2, rtol=0.2)
+
+
 def test_pooled_episodes_are_the_roots_in_order(smoke_bank):
     cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.05)
     pooled = pooled_episodes(cfg, roots=2, per_root=2)
@@ -80,7 +104,7 @@ def test_unknown_method_is_a_clear_error(smoke_bank, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["evaluate", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", "magic",
               "--out", str(tmp_path), "--no-mlflow"])
-    assert "unknown method(s) ['magic']" in capsys.readouterr().err
+    assert "magic (unknown; known:" in capsys.readouterr().err
 
 
 def test_policies_flag_takes_an_optional_training_seed():
@@ -94,7 +118,7 @@ def test_policies_flag_takes_an_optional_training_seed():
 def test_completion_by_slack_accounts_for_every_success(smoke_bank):
     cfg = EnvConfig(bank=str(smoke_bank), split="test")
     episodes = frozen_episodes(smoke_bank, "id", "test", 0.04, 0, 3, cfg.horizon, cfg.workload)
-    out = evaluate_method(builtin_methods()["edf"], cfg, [episodes])
+    out = evaluate_method(builtin_methods(None, {})["edf"], cfg, [episodes])
     curves = load_curves(smoke_bank, "id", "test")
     slack = np.concatenate([(e.deadline - e.arrival) - true_demand(e, curves) for e in episodes])
     successes = sum(rate * len(e) for rate, e in zip(out["per_root"][0], episodes, strict=True))

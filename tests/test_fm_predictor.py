@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from mara_common.paths import PROJECT_ROOT
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import QueryConfig, make_queries, reference_curves, score
-from mara_fm.fm_predictor import (
+from mara_fm.predictors import HistoryBatch, first_crossing, make_predictor
+from mara_fm.predictors.fm import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     ArtifactError,
     FMPredictor,
     sobol_normals,
 )
-from mara_fm.predictors import HistoryBatch, first_crossing, make_predictor
-from mara_fm.profile import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_same_prefix_same_prediction_in_another_process(queries, exported, tmp_p
              lr=q.hist.lr, eps=q.eps, horizon=q.horizon)
     code = (
         "import json, sys, numpy as np\n"
-        "from mara_fm.fm_predictor import FMPredictor\n"
+        "from mara_fm.predictors.fm import FMPredictor\n"
         "from mara_fm.predictors import HistoryBatch\n"
         f"d = np.load({str(tmp_path / 'q.npz')!r})\n"
         "h = HistoryBatch(d['avg'], d['lengths'], d['b'], d['lr'])\n"

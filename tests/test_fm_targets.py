@@ -1,4 +1,4 @@
-"""Targets and prefix encoding of the FM predictor (DESIGN §5.1) on real smoke curves."""
+"""Targets and prefix encoding of the FM predictor (docs/design.md §5.1) on real smoke curves."""
 
 from __future__ import annotations
 

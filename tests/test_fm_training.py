@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from mara_common.profile import Profile
 from mara_fm.commands import register
-from mara_fm.fm_predictor import FMPredictor
+from mara_fm.predictors.fm import FMPredictor
 from mara_fm.train_predictor import EXPERIMENT, train_predictor
 
 
@@ -58,9 +59,12 @@ def test_resume_continues_from_last_checkpoint(trained, smoke_bank):
 def test_eval_command_writes_report(trained, smoke_bank, tmp_path):
     result, _, _ = trained
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--profile")
+    register(parser.add_subparsers(dest="command"), common)
     args = parser.parse_args(["eval-predictor", "--profile", "smoke", "--bank", str(smoke_bank),
                               "--predictor-path", str(result.predictor_path), "--out", str(tmp_path)])
+    args.profile = Profile.load(args.profile)  # as `mara` does, once, before any command
     args.func(args)
     records = json.loads((tmp_path / "predictor_eval.json").read_text())
     assert {(r["task_set"], r["predictor"]) for r in records} == {
@@ -78,6 +82,8 @@ def test_eval_command_writes_report(trained, smoke_bank, tmp_path):
 
 def test_train_command_parses_overrides():
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["train-predictor", "--profile", "smoke", "--no-resume", "--max-epochs", "3"])
-    assert args.no_resume and args.max_epochs == 3 and args.func.__name__ == "cmd_train_predictor"
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--profile")
+    register(parser.add_subparsers(dest="command"), common)
+    args = parser.parse_args(["train-predictor", "--profile", "smoke", "--fresh", "--max-epochs", "3"])
+    assert args.fresh and args.max_epochs == 3 and args.func.__name__ == "cmd_train_predictor"

@@ -11,10 +11,10 @@ import torch
 
 from mara_env.env import EnvConfig, sample_episodes
 from mara_env.vector import replay_in_lockstep
-from mara_rl.evaluate import classic
 from mara_rl.imitation import demonstrations, imitate, score
 from mara_rl.mat_module import MATConfig
-from mara_rl.train_scheduler import module_spec
+from mara_rl.methods import classic
+from mara_rl.policy import module_spec
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_demonstrations_hold_every_step_and_its_return_to_go(env_cfg: EnvConfig)
     finals = replay_in_lockstep(env_cfg, sample_episodes(env_cfg, 3, seed=5), classic("lara")())
     starts = demos.returns[:: env_cfg.horizon]
     assert starts.tolist() == pytest.approx([f["shaped_return"] for f in finals], abs=1e-4)
-    with pytest.raises(ValueError, match="unknown imitation_teacher 'lottery'"):
+    with pytest.raises(ValueError, match="unknown imitation teacher 'lottery'"):
         demonstrations(env_cfg, "lottery", 1, seed=0)
 
 

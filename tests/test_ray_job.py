@@ -112,7 +112,7 @@ def test_training_job_succeeds_and_logs_to_mlflow(services: dict[str, str], smok
 
     out = tmp_path / "run"
     argv = ["--profile", "smoke", "--bank", str(smoke_bank), "--out", str(out),
-            "--num-env-runners", "0", "--run-name", "ray-job-test"]
+            "--num-env-runners", "0", "--run-name", "ray-job-test", "--predictor", "wls"]
     job_id, status = submit_training(argv, address=services["ray"], wait=True, timeout_s=150,
                                      poll_s=3, mlflow_uri=services["mlflow"], echo_logs=False)
     assert status == "SUCCEEDED", f"job {job_id} ended {status}; see {tmp_path / 'ray.log'}"

@@ -17,30 +17,38 @@ import mlflow
 import numpy as np
 import pytest
 
+from mara_common.config import ConfigError
+from mara_common.paths import PROFILE_DIR
+from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_rl.cli import main
-from mara_rl.evaluate import (
-    EvalConfig,
-    Method,
-    Record,
-    builtin_methods,
-    classic,
-    evaluate,
-    slack_bands,
-    write_results,
+from mara_rl.evaluate import EvalConfig, Record, evaluate, slack_bands, write_results
+from mara_rl.methods import BUILTIN, VARIANTS, Method, builtin_methods, classic
+from mara_rl.pipeline import (
+    PipelineConfig,
+    Stage,
+    evaluate_all,
+    evaluation_stages,
+    run_stages,
+    scheduler_stage,
+    variant_config,
 )
-from mara_rl.pipeline import Stage, run_stages
 from mara_rl.report import (
     MEAN,
+    RESULTS_BEGIN,
+    RESULTS_END,
     ReportConfig,
     build,
     choose_reference,
     compare,
     interval,
     mean_pm_std,
+    publish,
     scores,
     write_report,
 )
+from mara_rl.run_state import STATE_FILE, comparable
+from mara_rl.scheduler_config import training_env
 from mara_rl.stats import align_seeds, mean_std, paired_bootstrap
 
 TASK_SETS = ["id", "rl_ood", "vit_ood"]
@@ -54,7 +62,7 @@ PREDICTOR_EVAL = [{"task_set": "id", "predictor": "fm", "n_queries": 12, "capped
 
 @pytest.fixture(scope="module")
 def records(smoke_bank: Path) -> list[Record]:
-    builtin = builtin_methods(view={"optimistic_quantile": 0.15})
+    builtin = builtin_methods(None, {"optimistic_quantile": 0.15})
     methods = [Method("mara", "wls", classic("edf"), seed=s) for s in (0, 1)]
     methods += [builtin[m] for m in ("lara", "fifo", "edf", "lara_oracle", "llf_oracle", "oracle")] + [IDLE]
     env_cfg, eval_cfg = EnvConfig(bank=str(smoke_bank)), EvalConfig(roots=2, episodes_per_root=1)
@@ -193,14 +201,41 @@ def test_reference_fallback(records: list[Record]) -> None:
 def test_report_cli_logs_a_run_with_the_files(records: list[Record], tmp_path: Path,
                                               mlflow_store: str) -> None:
     write_results(records, tmp_path / "eval" / "all")
-    main(["report", "--profile", "smoke", "--eval-dir", str(tmp_path / "eval"), "--out",
-          str(tmp_path / "out"), "--predictor-eval", str(tmp_path / "absent.json")])
+    argv = ["report", "--profile", "smoke", "--eval-dir", str(tmp_path / "eval"), "--out",
+            str(tmp_path / "out"), "--predictor-eval", str(tmp_path / "absent.json"), "--no-publish"]
+    main(argv)
     assert "Not available" in (tmp_path / "out" / "report.md").read_text()
     mlflow.set_tracking_uri(mlflow_store)
-    (run,) = mlflow.search_runs(experiment_names=["mara-evaluation"], output_format="list")
-    assert run.info.run_name == "report-smoke" and "table2.mara.mean" in run.data.metrics
+    runs = mlflow.search_runs(experiment_names=["mara-evaluation"], output_format="list")
+    (run,) = [r for r in runs if r.data.tags["kind"] == "report"]
+    assert run.info.run_name == "report · smoke" and "table2.mara.mean" in run.data.metrics
     files = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"report.md", "report.json", "load_sweep.png", "comparisons.png"} <= files
+    # One run per method whose metrics are its Table 2 row: the compare view is Table 2.
+    table2 = {r.data.tags["method"]: r for r in runs if r.data.tags["kind"] == "table2"}
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert set(table2) == set(report["table2"]["rows"])
+    for method, cells in report["table2"]["rows"].items():
+        assert table2[method].data.metrics == pytest.approx({c: 100 * v["mean"] for c, v in cells.items()})
+        assert table2[method].data.tags["profile"] == "smoke"
+    main(argv)  # a second report updates those runs instead of adding more
+    again = mlflow.search_runs(experiment_names=["mara-evaluation"], filter_string="tags.kind = 'table2'",
+                               output_format="list")
+    assert {r.info.run_id for r in again} == {r.info.run_id for r in table2.values()}
+
+
+def test_report_publishes_its_tables_and_the_readme_block(written: Path, tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{RESULTS_BEGIN}\nstale\n{RESULTS_END}\n\nafter\n")
+    report = json.loads((written / "report.json").read_text())
+    publish(report, [written / "report.md", written / "report.json", written / "load_sweep.png"],
+            tmp_path / "results", "default", readme)
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["load_sweep.png", "report.md"]
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("# title") and text.endswith("after\n")
+    block = text[text.index(RESULTS_BEGIN):text.index(RESULTS_END)]
+    mara = report["table2"]["rows"]["mara"][MEAN]["mean"]
+    assert "| mara | " in block and f"{100 * mara:.2f} |" in block
 
 
 def test_stages_with_current_outputs_are_skipped(tmp_path: Path) -> None:
@@ -218,25 +253,23 @@ def test_stages_with_current_outputs_are_skipped(tmp_path: Path) -> None:
 
 def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: Path) -> None:
     """A run trained under another workload (here: the window basis) is named, not reused."""
-    from mara_fm.profile import PROJECT_ROOT
-    from mara_rl.pipeline import Paths, Variant, scheduler_stage, variant_config
-    from mara_rl.train_scheduler import _comparable, training_env
-
-    profile = tmp_path / f"stale_run_{os.getpid()}.toml"  # its runs go to artifacts/scheduler/<stem>-…
-    profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
-    paths, variant = Paths(str(profile)), Variant("mara_wls", "wls")
-    stage = scheduler_stage(str(profile), paths, variant, seed=0)
+    path = tmp_path / f"stale_run_{os.getpid()}.toml"  # its runs go to artifacts/scheduler/<stem>-…
+    path.write_text((PROFILE_DIR / "smoke.toml").read_text())
+    profile, variant = Profile.load(path), VARIANTS[1]
+    stage = scheduler_stage(profile, variant, seed=0)
     run_dir = stage.output.parent.parent
-    cfg = variant_config(str(profile), paths, variant, seed=0)
-    stored = json.loads(json.dumps(_comparable(cfg, training_env(cfg, str(profile), paths.bank)), default=str))
+    cfg = variant_config(profile, variant, seed=0)
+    stored = comparable(cfg, training_env(cfg, profile, profile.paths.bank))
+    state_file = run_dir / "checkpoint" / STATE_FILE
     try:
         stage.output.parent.mkdir(parents=True)
         stage.output.write_text("{}")
-        (run_dir / "state.json").write_text(json.dumps({"config": stored, "iteration": 1}))
+        state_file.parent.mkdir()
+        state_file.write_text(json.dumps({"config": stored, "iteration": 1}))
         assert stage.done()  # the same settings: reused
         stored["env"]["workload"]["window_basis"] = "target"
-        (run_dir / "state.json").write_text(json.dumps({"config": stored, "iteration": 1}))
-        with pytest.raises(ValueError, match=r"env\.workload.*move it aside"):
+        state_file.write_text(json.dumps({"config": stored, "iteration": 1}))
+        with pytest.raises(ConfigError, match=r"env\.workload.*move it aside"):
             stage.done()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -246,19 +279,17 @@ def test_an_evaluation_missing_a_method_is_run_again(tmp_path: Path) -> None:
     """Results newer than every input are still redone when a method (or seed) is missing."""
     from dataclasses import asdict
 
-    from mara_fm.profile import PROJECT_ROOT
-    from mara_rl.pipeline import CLASSIC, Paths, PipelineConfig, evaluation_stages
-
-    profile = tmp_path / f"new_method_{os.getpid()}.toml"  # results go to reports/<stem>/eval
-    profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
-    paths = Paths(str(profile))
+    path = tmp_path / f"new_method_{os.getpid()}.toml"  # results go to reports/<stem>/eval
+    path.write_text((PROFILE_DIR / "smoke.toml").read_text())
+    profile = Profile.load(path)
+    paths = profile.paths
     policies = {("mara", 0): tmp_path / "mara" / "policy.json"}
-    main = evaluation_stages(str(profile), paths, PipelineConfig(), policies)[0]
+    main = evaluation_stages(profile, PipelineConfig(), policies)[0]
 
     def record(method: str, seed: int | None) -> dict:
         return asdict(Record(method, "id", 0.04, "default", 0.5, 0.0, [0.5], [0.5], 20.0, seed=seed))
 
-    everything = [record("mara", 0)] + [record(m, None) for m in CLASSIC]
+    everything = [record("mara", 0)] + [record(s.name, None) for s in BUILTIN]
     try:
         main.output.parent.mkdir(parents=True)
         main.output.write_text(json.dumps(everything))
@@ -272,13 +303,10 @@ def test_an_evaluation_missing_a_method_is_run_again(tmp_path: Path) -> None:
 
 
 def test_evaluate_all_names_every_untrained_variant(tmp_path: Path) -> None:
-    from mara_fm.profile import PROJECT_ROOT
-    from mara_rl.pipeline import evaluate_all
-
-    profile = tmp_path / "never_trained.toml"
-    profile.write_text((PROJECT_ROOT / "experiments" / "profiles" / "smoke.toml").read_text())
+    path = tmp_path / "never_trained.toml"
+    path.write_text((PROFILE_DIR / "smoke.toml").read_text())
     with pytest.raises(FileNotFoundError, match=r"mara \(seed 0\).*mara_wls \(seed 0\).*sparse \(seed 0\)"):
-        evaluate_all(str(profile))
+        evaluate_all(Profile.load(path))
 
 
 def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:

@@ -15,32 +15,29 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
+from mara_common.config import ConfigError
+from mara_common.flags import flag_name, overrides, to_argv
+from mara_common.paths import PROJECT_ROOT
+from mara_common.profile import Profile
 from mara_env.env import EnvConfig, MultiNodeEnv
-from mara_fm.profile import section_config
 from mara_rl.anchored_ppo import ANCHOR_KL
-from mara_rl.evaluate import EvalConfig, evaluate, learned
+from mara_rl.evaluate import EvalConfig, evaluate
 from mara_rl.imitation import demonstrations
 from mara_rl.mat_module import MATConfig, MATModule
-from mara_rl.scheduler_commands import (
-    add_train_arguments,
-    default_out,
-    scheduler_config,
-    train_argv,
-)
-from mara_rl.train_scheduler import (
-    EXPERIMENT,
-    SchedulerConfig,
-    act,
-    build_algorithm,
-    export_policy,
-    load_policy,
-    module_spec,
-    policy_env,
-    selection_key,
-    train,
-    warm_start,
-    warm_start_dir,
-)
+from mara_rl.methods import VARIANTS, learned
+from mara_rl.pipeline import variant_config
+from mara_rl.policy import act, export_policy, load_policy, module_spec, policy_env
+from mara_rl.run_state import STATE_FILE, load_state, warm_start_dir
+from mara_rl.scheduler_commands import add_train_arguments
+from mara_rl.scheduler_config import SchedulerConfig, default_out, run_name, scheduler_config
+from mara_rl.train_scheduler import EXPERIMENT, build_algorithm, selection_key, train, warm_start
+
+SMOKE = Profile.load("smoke")
+
+
+def smoke_config(**overrides: object) -> SchedulerConfig:
+    """The smoke profile's scheduler settings, on WLS unless told otherwise (no FM needed)."""
+    return SMOKE.section(SchedulerConfig, "scheduler", **{"predictor": "wls", **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +55,8 @@ def ray_local() -> Iterator[None]:
 
 def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
                                         ray_local: None) -> None:
-    cfg = section_config(SchedulerConfig, "smoke", "scheduler", train_batch_size=200,
-                         minibatch_size=100, eval_episodes=2, imitation_episodes=1, imitation_epochs=1,
-                         imitation_dagger_rounds=1, imitation_dagger_epochs=1)
+    cfg = smoke_config(train_batch_size=200, minibatch_size=100, eval_episodes=2, imitation_episodes=1,
+                       imitation_epochs=1, imitation_dagger_rounds=1, imitation_dagger_epochs=1)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
     out = tmp_path / "run"
 
@@ -77,7 +73,7 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     assert "imitation_node_agreement" in run.data.metrics  # the warm start ran before PPO
     assert 0 <= run.data.metrics["imitation_dagger1_node_agreement_on_policy"] <= 1  # and its DAgger round
     # The exported policy is the best validated one: it has that evaluation's scores.
-    best = json.loads((out / "state.json").read_text())["best"]
+    best = load_state(out)["best"]
     stress, success = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
                        for key in ("val_stress_complete", "val_success_rate"))
     vals = {step: (stress[step], success[step]) for step in stress}
@@ -87,6 +83,11 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     assert [p.name for p in out.glob("best_policy-*")] == [kept.name]
     assert (policy / "policy.pt").read_bytes() == (kept / "policy.pt").read_bytes()
 
+    # A crash inside the checkpoint swap (the new one written beside, the old one set aside)
+    # leaves a folder that resumes from the last committed iteration.
+    (out / "checkpoint").rename(out / "checkpoint.old")
+    (out / "checkpoint.tmp").mkdir()
+    assert load_state(out)["iteration"] == 2 and (out / "checkpoint" / STATE_FILE).exists()
     # Resume: the same run folder continues to the new total, in the same MLflow run.
     train(dataclasses.replace(cfg, iterations=3), env_cfg, out)
     (again,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
@@ -99,13 +100,13 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     assert train(dataclasses.replace(cfg, iterations=3), env_cfg, out) == policy
     assert len(client.get_metric_history(run.info.run_id, "exported_val_success_rate")) == exports
     assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
-    with pytest.raises(ValueError, match="different config"):
+    with pytest.raises(ConfigError, match="other settings .*scheduler.lr"):
         train(dataclasses.replace(cfg, iterations=4, lr=1e-3), env_cfg, out)
     # A predictor whose files changed since the run began (retrained in place) is refused too.
-    state_file = out / "state.json"
+    state_file = out / "checkpoint" / STATE_FILE
     stored = json.loads(state_file.read_text())
     state_file.write_text(json.dumps({**stored, "predictor_digest": "0" * 16}))
-    with pytest.raises(ValueError, match="files of predictor"):
+    with pytest.raises(ConfigError, match="files of predictor"):
         train(dataclasses.replace(cfg, iterations=4), env_cfg, out)
     state_file.write_text(json.dumps(stored))
 
@@ -130,39 +131,60 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
         load_policy(tmp_path / "nowhere")
 
 
-def test_submit_forwards_absolute_paths() -> None:
+def test_a_checkpoint_without_its_state_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(ConfigError, match="--fresh"):
+        load_state(tmp_path)
+    (tmp_path / "checkpoint").rmdir()
+    (tmp_path / STATE_FILE).write_text("{}")  # the older layout, state beside the checkpoint
+    with pytest.raises(ConfigError, match="--fresh"):
+        load_state(tmp_path)
+
+
+def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
-    args = parser.parse_args(["--profile", "smoke", "--bank", "b.parquet", "--beta", "0", "--fresh"])
-    argv = train_argv(args)
-    assert argv[:2] == ["--profile", "smoke"] and "--fresh" in argv
-    assert Path(argv[argv.index("--bank") + 1]).is_absolute()
-    assert argv[argv.index("--beta") + 1] == "0.0"
-    # The profile's warm start (smoke, like default: the privileged teacher) names the folder;
-    # flags override it, and a run without one has no suffix.
-    args = parser.parse_args(["--profile", "smoke"])
-    assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0-imitation1-lara_oracle")
-    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32", "--imitation-teacher", "lara"])
-    assert train_argv(args)[-4:] == ["--imitation-episodes", "32", "--imitation-teacher", "lara"]
-    cfg = scheduler_config(args)
-    assert (cfg.imitation_episodes, cfg.imitation_teacher) == (32, "lara")
-    assert default_out("smoke", cfg).name.endswith("-seed0-imitation32")
-    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "32", "--dagger-rounds", "2"])
-    assert train_argv(args)[-2:] == ["--dagger-rounds", "2"]
-    assert default_out("smoke", scheduler_config(args)).name.endswith("-imitation32-lara_oracle-dagger2")
-    args.dagger_rounds = -1
-    with pytest.raises(ValueError, match="imitation_dagger_rounds must be >= 0"):
-        scheduler_config(args)
-    args.imitation_episodes, args.dagger_rounds = 0, 1
-    with pytest.raises(ValueError, match="needs imitation_episodes > 0"):
-        scheduler_config(args)
-    args = parser.parse_args(["--profile", "smoke", "--imitation-episodes", "0"])
-    assert scheduler_config(args).imitation_episodes == 0
-    assert default_out("smoke", scheduler_config(args)).name.endswith("-seed0")
-    # An unknown teacher is refused by name.
-    args.imitation_teacher = "coin"
-    with pytest.raises(ValueError, match="unknown imitation_teacher 'coin'"):
-        scheduler_config(args)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_come_from_the_config_and_name_the_run_folder() -> None:
+    # Every scalar setting has a flag; unset flags keep the profile's value.
+    args = parse("--beta", "0", "--imitation-episodes", "32", "--no-pool-predictions")
+    assert overrides(args, SchedulerConfig) == {"beta": 0.0, "imitation_episodes": 32, "pool_predictions": False}
+    assert to_argv(overrides(args, SchedulerConfig)) == ["--beta", "0.0", "--imitation-episodes", "32",
+                                                         "--no-pool-predictions"]
+    # The folder names the profile, the labelled settings that differ from it, and the seed.
+    assert run_name(SMOKE, scheduler_config(SMOKE)) == "smoke-seed0"
+    cfg = scheduler_config(SMOKE, **overrides(parse("--predictor", "wls", "--seed", "2"), SchedulerConfig))
+    assert run_name(SMOKE, cfg) == "smoke-wls-seed2"
+    cfg = scheduler_config(SMOKE, imitation_teacher="lara", imitation_dagger_rounds=2, beta=0.0)
+    assert run_name(SMOKE, cfg) == "smoke-beta0-seed0-lara-dagger2"
+    with pytest.raises(SystemExit):  # argparse names the choices
+        parse("--imitation-teacher", "coin")
+    with pytest.raises(ConfigError, match="imitation_teacher must be one of"):
+        scheduler_config(SMOKE, imitation_teacher="coin")
+    with pytest.raises(ConfigError, match="imitation_dagger_rounds must be >= 0"):
+        scheduler_config(SMOKE, imitation_dagger_rounds=-1)
+    with pytest.raises(ConfigError, match="needs imitation_episodes > 0"):
+        scheduler_config(SMOKE, imitation_episodes=0, imitation_dagger_rounds=1)
+    for bad in ({"beta": float("nan")}, {"iterations": -1}, {"lr": 0.0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            scheduler_config(SMOKE, **bad)
+
+
+def test_a_run_trained_by_the_command_is_the_pipelines_run(monkeypatch) -> None:
+    """`make train-scheduler` (with or without a predictor path, relative or absolute) and
+    `make reproduce` build the same settings for the same variant, so one reuses the other's run."""
+    monkeypatch.chdir(PROJECT_ROOT)
+    relative = SMOKE.paths.predictor.relative_to(PROJECT_ROOT)
+    for variant in VARIANTS:
+        pipeline_cfg = variant_config(SMOKE, variant, seed=0)
+        argv = [x for k, v in variant.settings.items() for x in (flag_name(k), str(v))]
+        for extra in ([], ["--fm-path", str(relative)], ["--fm-path", str(SMOKE.paths.predictor)]):
+            cli_cfg = scheduler_config(SMOKE, **overrides(parse(*argv, *extra), SchedulerConfig))
+            assert cli_cfg == pipeline_cfg, (variant.name, extra)
+            assert default_out(SMOKE, cli_cfg) == default_out(SMOKE, pipeline_cfg)
+    assert variant_config(SMOKE, VARIANTS[1], 0).fm_path == ""  # a WLS run records no FM path
 
 
 def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_path: Path) -> None:
@@ -173,7 +195,7 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None}
     config = fm_dir / "config.json"
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
-    with pytest.raises(ValueError, match="has changed since this policy was trained"):
+    with pytest.raises(ConfigError, match="has changed since this policy was trained"):
         policy_env(policy)
 
 
@@ -193,12 +215,11 @@ def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Pat
 
 def test_warm_start_loads_the_imitated_policy_into_learner_and_env_runners(
         smoke_bank: Path, ray_local: None, tmp_path: Path) -> None:
-    cfg = section_config(SchedulerConfig, "smoke", "scheduler", num_env_runners=1,
-                         imitation_episodes=1, imitation_epochs=3)
+    cfg = smoke_config(num_env_runners=1, imitation_episodes=1, imitation_epochs=3)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
     algo = build_algorithm(cfg, env_cfg)
     try:
-        module = module_spec(env_cfg, cfg.mat_config()).build()
+        module = module_spec(env_cfg, cfg.mat).build()
         metrics = warm_start(algo, module, cfg, env_cfg, tmp_path)
         assert metrics["imitation_node_agreement"] > metrics["imitation_node_agreement_before"]
         expected = {k: v.numpy() for k, v in module.state_dict().items()}
@@ -234,17 +255,17 @@ def test_anchor_holds_ppo_near_the_warm_started_policy(smoke_bank: Path, ray_loc
     demos = demonstrations(env_cfg, "lara", episodes=2, seed=7)
     distance, reported = {}, {}
     for coeff in (0.0, 30.0):
-        cfg = section_config(SchedulerConfig, "smoke", "scheduler", imitation_episodes=2, imitation_epochs=5,
-                             imitation_teacher="lara", anchor_coeff=coeff, lr=3e-3, num_epochs=4)
+        cfg = smoke_config(imitation_episodes=2, imitation_epochs=5, imitation_teacher="lara",
+                           anchor_coeff=coeff, lr=3e-3, num_epochs=4)
         out = tmp_path / f"anchor{coeff:g}"
         torch.manual_seed(0)
         algo = build_algorithm(cfg, env_cfg, out)
         try:
-            warm_start(algo, module_spec(env_cfg, cfg.mat_config()).build(), cfg, env_cfg, out)
+            warm_start(algo, module_spec(env_cfg, cfg.mat).build(), cfg, env_cfg, out)
             for _ in range(3):
                 result = algo.train()
             reported[coeff] = result["learners"][DEFAULT_MODULE_ID].get(ANCHOR_KL)
-            trained = module_spec(env_cfg, cfg.mat_config()).build()
+            trained = module_spec(env_cfg, cfg.mat).build()
             trained.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
         finally:
             algo.stop()
@@ -254,5 +275,5 @@ def test_anchor_holds_ppo_near_the_warm_started_policy(smoke_bank: Path, ray_loc
 
 
 def test_anchor_needs_a_warm_start() -> None:
-    with pytest.raises(ValueError, match="needs imitation_episodes > 0"):
+    with pytest.raises(ConfigError, match="needs imitation_episodes > 0"):
         SchedulerConfig(anchor_coeff=0.5, imitation_episodes=0)

@@ -6,11 +6,12 @@ import hashlib
 from pathlib import Path
 
 from mara_fm.predictors.base import WARMUP_POINTS, HistoryBatch, Predictor
+from mara_fm.predictors.fm import CONFIG_FILE, WEIGHTS_FILE, FMPredictor
 from mara_fm.predictors.oracle import OraclePredictor, first_crossing
 from mara_fm.predictors.wls import WLSPredictor
 
 __all__ = [
-    "WARMUP_POINTS", "HistoryBatch", "Predictor", "OraclePredictor", "WLSPredictor",
+    "WARMUP_POINTS", "FMPredictor", "HistoryBatch", "Predictor", "OraclePredictor", "WLSPredictor",
     "first_crossing", "make_predictor", "predictor_digest",
 ]
 
@@ -24,8 +25,6 @@ def make_predictor(spec: str | Predictor) -> Predictor:
     if spec == "oracle":
         return OraclePredictor()
     if spec.startswith("fm:"):
-        from mara_fm.fm_predictor import FMPredictor
-
         return FMPredictor.load(spec[3:])
     raise ValueError(f"unknown predictor {spec!r}: use 'wls', 'oracle' or 'fm:<path>'")
 
@@ -36,8 +35,6 @@ def predictor_digest(spec: str) -> str:
     the files at that path are still the ones it saw (retraining writes the same path)."""
     if not spec.startswith("fm:"):
         return spec
-    from mara_fm.fm_predictor import CONFIG_FILE, WEIGHTS_FILE
-
     digest = hashlib.sha256()
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         path = Path(spec[3:]) / name

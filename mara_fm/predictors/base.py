@@ -1,4 +1,4 @@
-"""The predictor interface shared by FM, WLS and the oracle (DESIGN §5).
+"""The predictor interface shared by FM, WLS and the oracle (docs/design.md §5).
 
 A predictor answers, for a batch of tasks at once: how many more batches
 does each task need before its cumulative-average loss reaches ε? Answers are
@@ -108,7 +108,7 @@ class Predictor(ABC):
 
         In a band's optimistic column a task that does not reach ε within the horizon
         gets `inf`, not the horizon: the horizon is the rest of its generation cap, so
-        it can never succeed. (DESIGN's estimate reports the horizon, which reads as a
+        it can never succeed. (docs/design.md's estimate reports the horizon, which reads as a
         task that just makes it when its deadline is at the cap.)
         """
         if raw.ndim == 2:

@@ -1,4 +1,4 @@
-"""WLS: the power-law extrapolation used by LARA (DESIGN §5.2)."""
+"""WLS: the power-law extrapolation used by LARA (docs/design.md §5.2)."""
 
 from __future__ import annotations
 

@@ -11,22 +11,28 @@ deterministic given the episode, so each copy's difference in successes from
 the undisturbed episode is exact. Copies where LARA serves every task at t0
 (no contention) cannot deviate and are left out of the figures.
 
-    python experiments/commitment_probe.py --profile default --roots 5
+Validation curves only (ID val). Run from the project root:
+
+    python -m experiments.probes.commitment_probe --roots 5
+
+Writes experiments/probes/results/commitment_probe.md, or into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
+from experiments.probes.common import add_common_flags, save_table
+from mara_common.profile import Profile
+from mara_common.threads import torch_threads
 from mara_env.allocators import LARA
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import replay_in_lockstep
-from mara_fm.profile import section_config
 from mara_rl.evaluate import pooled_episodes
-from mara_rl.pipeline import Paths
 
 
 @dataclasses.dataclass
@@ -55,28 +61,8 @@ def deviate(lara: LARA, env: MultiNodeEnv, dev: Deviation) -> np.ndarray:
     return action
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--profile", default="default")
-    parser.add_argument("--predictor", default=None,
-                        help="predictor spec inside the env (default: the profile's FM predictor)")
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
-    parser.add_argument("--starts", default="50,100,150,200,250,300,350,400,450")
-    parser.add_argument("--lengths", default="1,5,20,60")
-    parser.add_argument("--load", type=float, default=0.04)
-    args = parser.parse_args()
-
-    paths = Paths(args.profile)
-    bank, fm = paths.bank, paths.fm
-    cfg = section_config(EnvConfig, args.profile, "env", bank=str(bank), split="val", arrival_prob=args.load,
-                         predictor=args.predictor or f"fm:{fm.resolve()}")
-    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
-    lengths = [int(k) for k in args.lengths.split(",")]
-    deviations = [Deviation(i) for i in range(len(episodes))]
-    deviations += [Deviation(i, int(t0), k) for i in range(len(episodes))
-                   for t0 in args.starts.split(",") for k in lengths]
-
+def replay(cfg: EnvConfig, episodes: list, deviations: list[Deviation]) -> list[int]:
+    """Each deviation's episode under LARA with that deviation: its successes."""
     lara, index = LARA(), {}
 
     def decide(obs: dict[str, np.ndarray], envs: list[MultiNodeEnv]) -> np.ndarray:
@@ -85,15 +71,48 @@ def main() -> None:
         return np.stack([deviate(lara, env, index[id(env)]) for env in envs])
 
     finals = replay_in_lockstep(cfg, [episodes[d.episode] for d in deviations], decide)
-    successes = [f["episode_successes"] for f in finals]
+    return [f["episode_successes"] for f in finals]
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_flags(parser)
+    parser.add_argument("--predictor", default=None,
+                        help="predictor spec inside the env (default: the profile's FM predictor)")
+    parser.add_argument("--roots", type=int, default=5)
+    parser.add_argument("--episodes-per-root", type=int, default=8)
+    parser.add_argument("--starts", default="50,100,150,200,250,300,350,400,450",
+                        help="steps t0 at which a deviation starts, comma-separated")
+    parser.add_argument("--lengths", default="1,5,20,60", help="deviation lengths k, comma-separated")
+    parser.add_argument("--load", type=float, help="arrival probability (default: the profile's)")
+    args = parser.parse_args(argv)
+
+    profile = Profile.load(args.profile)
+    cfg = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), split="val",
+                          task_set="id", arrival_prob=args.load,
+                          predictor=args.predictor or f"fm:{profile.paths.predictor.resolve()}")
+    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
+    starts = [int(t0) for t0 in args.starts.split(",")]
+    lengths = [int(k) for k in args.lengths.split(",")]
+    deviations = [Deviation(i) for i in range(len(episodes))]
+    deviations += [Deviation(i, t0, k) for i in range(len(episodes)) for t0 in starts for k in lengths]
+    with torch_threads(1):
+        successes = replay(cfg, episodes, deviations)
+
     base = {d.episode: s for d, s in zip(deviations, successes, strict=True) if d.start is None}
-    print(f"{len(episodes)} ID val episodes, predictor {cfg.predictor}")
+    lines = [f"LARA on {len(episodes)} ID validation episodes at p = {cfg.arrival_prob}, predictor "
+             f"`{cfg.predictor}`; one deviation per copy, starting at t0 ∈ {{{', '.join(map(str, starts))}}}.",
+             "", "| k (steps) | deviations (with contention / tried) | outcome changed (%) | gains | losses "
+             "| mean change (successes) |", "|---|---|---|---|---|---|"]
     for k in lengths:
         diff = np.array([s - base[d.episode] for d, s in zip(deviations, successes, strict=True)
                          if d.length == k and d.task >= 0])
         tried = sum(d.length == k for d in deviations)
-        print(f"k = {k:3d} steps: {len(diff)}/{tried} deviations, outcome changed in {np.mean(diff != 0):.0%} "
-              f"(gains {np.sum(diff > 0)}, losses {np.sum(diff < 0)}), mean change {diff.mean():+.3f} successes")
+        changed, mean = ((f"{100 * np.mean(diff != 0):.1f}", f"{diff.mean():+.3f}") if len(diff) else ("–", "–"))
+        lines.append(f"| {k} | {len(diff)} / {tried} | {changed} | {np.sum(diff > 0)} | {np.sum(diff < 0)} "
+                     f"| {mean} |")
+        print(lines[-1], flush=True)
+    return save_table(lines, args.out, "commitment_probe.md")
 
 
 if __name__ == "__main__":

@@ -17,19 +17,26 @@ step past that edge (the first grid, default and small networks × 25, 50 and
 OOD set is read here: the winner is scored once with `mara eval-predictor`
 after it is retrained on every ID family.
 
-    python experiments/select_predictor.py --work /tmp/hsel --out reports/default/selection
+Trains with the profile's [predictor] settings, logging to MLflow (each
+candidate's folder under --work resumes). Run from the project root:
+
+    python -m experiments.probes.select_predictor --work /tmp/hsel
+
+Writes experiments/probes/results/select_predictor.md, or into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import mlflow
 
+from experiments.probes.common import add_common_flags, save_table
+from mara_common.profile import Profile
+from mara_common.tracking import tracking_uri
 from mara_fm.fm_model import FlowModel, PredictorConfig
-from mara_fm.profile import section_config
-from mara_fm.tracking import tracking_uri
 from mara_fm.train_predictor import train_predictor
 
 # Held out: the two ID families whose cumulative averages rise most often (README,
@@ -38,44 +45,58 @@ HELDOUT = ("mlp_diabetes", "logreg_cancer")
 NETWORKS = {"default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
             "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
             "tiny": {"gru_hidden": 8, "context_dim": 12, "width": 16}}
-CANDIDATES = {f"{size[0]}{epochs}": {**net, "max_epochs": epochs}
-              for size, net in NETWORKS.items() for epochs in (12, 25, 50, 100)}
+EPOCHS = (12, 25, 50, 100)
 TOLERANCE = 0.02
 
 
-def parameters(profile: str, overrides: dict) -> int:
-    return sum(p.numel() for p in FlowModel(section_config(PredictorConfig, profile, "predictor",
-                                                           **overrides)).parameters())
+def candidates(networks: list[str], epochs: list[int]) -> dict[str, dict[str, Any]]:
+    """Every network × training length, named like `s25` (small, 25 epochs)."""
+    return {f"{size[0]}{n}": {**NETWORKS[size], "max_epochs": n} for size in networks for n in epochs}
 
 
-def main() -> None:
+def parameters(profile: Profile, overrides: dict[str, Any]) -> int:
+    return sum(p.numel() for p in FlowModel(profile.section(PredictorConfig, "predictor", **overrides)).parameters())
+
+
+def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule of the module docstring."""
+    best = min(r["mae"] for r in rows)
+    return min((r for r in rows if r["mae"] <= best * (1 + TOLERANCE)), key=lambda r: (r["params"], r["epochs"]))
+
+
+def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--profile", default="default")
-    parser.add_argument("--bank", type=Path, default=Path("data/banks/default.parquet"))
+    add_common_flags(parser)
     parser.add_argument("--work", type=Path, required=True, help="one training folder per candidate (resumed)")
-    parser.add_argument("--out", type=Path, help="folder for predictor_selection.md")
-    args = parser.parse_args()
+    parser.add_argument("--networks", default=",".join(NETWORKS),
+                        help=f"network sizes tried, comma-separated (of {', '.join(NETWORKS)})")
+    parser.add_argument("--epochs", default=",".join(map(str, EPOCHS)),
+                        help="training lengths tried, comma-separated")
+    args = parser.parse_args(argv)
+
+    networks = [x.strip() for x in args.networks.split(",") if x.strip()]
+    unknown = sorted(set(networks) - set(NETWORKS))
+    if unknown or not networks:
+        parser.error(f"--networks: unknown {unknown}; known: {list(NETWORKS)}")
+    profile = Profile.load(args.profile)
     rows = []
-    for name, overrides in CANDIDATES.items():
-        result = train_predictor(args.profile, args.bank, args.work / name, verbose=False,
+    client = mlflow.MlflowClient(tracking_uri())
+    for name, overrides in candidates(networks, [int(n) for n in args.epochs.split(",")]).items():
+        result = train_predictor(profile, args.bank, args.work / name, verbose=False,
                                  heldout_families=HELDOUT, **overrides)
-        history = mlflow.MlflowClient(tracking_uri()).get_metric_history(result.run_id, "val_mae")
+        history = client.get_metric_history(result.run_id, "val_mae")
         last = max(history, key=lambda m: m.step)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "mae": last.value,
-                     "params": parameters(args.profile, overrides),
+                     "params": parameters(profile, overrides),
                      "best_epoch_mae": min(m.value for m in history)})
-    best = min(r["mae"] for r in rows)
-    choice = min((r for r in rows if r["mae"] <= best * (1 + TOLERANCE)), key=lambda r: (r["params"], r["epochs"]))
+    choice = choose(rows)
     lines = [f"Held-out families: {', '.join(HELDOUT)}. Capped MAE on their train + val curves.", "",
              "| candidate | parameters | epochs | held-out MAE, last epoch | best epoch | chosen |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['params']:,} | {r['epochs']} | {r['mae']:.2f} | {r['best_epoch_mae']:.2f} | "
               f"{'yes' if r is choice else ''} |" for r in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "predictor_selection.md").write_text(text)
+    print("\n".join(lines))
+    return save_table(lines, args.out, "select_predictor.md")
 
 
 if __name__ == "__main__":

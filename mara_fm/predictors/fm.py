@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mara_common.config import make_config
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors.base import HistoryBatch, Predictor
-from mara_fm.profile import make_config
 from mara_fm.targets import (
     Stats,
     boundaries,
@@ -38,22 +36,6 @@ FORMAT = "mara-fm-predictor/1"
 
 class ArtifactError(ValueError):
     """An exported predictor that is missing or unreadable."""
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with `n` torch intra-op threads, restoring the setting after.
-
-    At this model's sizes a second thread gains little on an idle machine,
-    while on a busy one OpenMP workers waiting for a core slow every op down
-    by one to two orders of magnitude (measured here on 2 cores).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def sobol_normals(samples: int, dim: int, seed: int) -> torch.Tensor:
@@ -159,4 +141,8 @@ class FMPredictor(Predictor):
             model.load_state_dict(state)
         except Exception as exc:
             raise ArtifactError(f"{weights_file}: unreadable or mismatched FM weights ({exc})") from exc
+        broken = [name for name, tensor in state.items() if not torch.isfinite(tensor).all()]
+        if broken:
+            raise ArtifactError(f"{weights_file}: FM weights hold NaN or inf (in {broken[0]}); "
+                                "retrain the predictor")
         return cls(model.eval(), cfg, stats)

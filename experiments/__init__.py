@@ -1,0 +1,1 @@
+"""Run profiles (`profiles/`) and the probes behind the project's decisions (`probes/`)."""

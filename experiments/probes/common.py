@@ -1,0 +1,42 @@
+"""What the probes share: where they write, how they write a table, and one replay's
+success rate."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from mara_env.env import EnvConfig
+from mara_env.vector import replay_in_lockstep
+from mara_env.workload import Episode
+from mara_fm.predictors import Predictor
+from mara_rl.methods import classic
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+    """--profile, --bank and --out, the same in every probe."""
+    parser.add_argument("--profile", default="default", help="run profile: a name or a .toml path")
+    parser.add_argument("--bank", type=Path, help="curve bank (default: the profile's)")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for the probe's Markdown (default: experiments/probes/results)")
+
+
+def save_table(lines: list[str], out: Path, name: str) -> Path:
+    """Write a probe's Markdown lines to out/name; returns the file."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def success(cfg: EnvConfig, episodes: list[Episode], predictor: str | Predictor,
+            planner: str = "lara_optimistic") -> float:
+    """Mean success (%) of allocator `planner` on `episodes`, its env fed by `predictor`."""
+    outs = replay_in_lockstep(dataclasses.replace(cfg, predictor=predictor), episodes, classic(planner)())
+    return 100 * float(np.mean([o["success_rate"] for o in outs]))

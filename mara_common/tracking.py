@@ -1,0 +1,80 @@
+"""MLflow set-up shared by every stage.
+
+The default store is an embedded SQLite file at the project root
+(`mlflow.db`), with artifacts under `mlartifacts/`; any
+`MLFLOW_TRACKING_URI` (an `mlflow server`, another database) takes
+precedence, so runs from every stage land side by side. Experiments are
+created here, explicitly: with the project's artifact folder on a local
+store (a Ray job running from a temporary copy of the project must not
+become the place every later run writes to), and marked as model-training
+experiments so that the UI opens on their runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from mara_common.config import ConfigError
+from mara_common.paths import PROJECT_ROOT
+
+DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+ARTIFACT_ROOT = PROJECT_ROOT / "mlartifacts"
+# The UI opens an experiment of this kind on its runs table, not on GenAI traces.
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
+REACH_TIMEOUT_S = 5.0
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+@functools.lru_cache(maxsize=8)
+def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Fail fast, with the address, when a tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except OSError as exc:
+        raise ConfigError(f"MLflow tracking server {uri} did not answer within {timeout_s:g} s ({exc}); "
+                          "start it or point MLFLOW_TRACKING_URI elsewhere") from None
+
+
+def ensure_experiment(name: str) -> str:
+    """The id of experiment `name`, created with the project's artifact folder (local
+    stores) and the model-training kind if it does not exist yet."""
+    import mlflow
+
+    uri = tracking_uri()
+    check_reachable(uri)
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.tags.get(KIND_TAG) != KIND:
+            client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
+        return found.experiment_id
+    local = not uri.startswith(("http://", "https://", "databricks"))
+    location = (ARTIFACT_ROOT / name).as_uri() if local else None
+    return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: KIND})
+
+
+@contextmanager
+def mlflow_run(experiment: str, run_name: str | None = None, tags: dict[str, Any] | None = None,
+               run_id: str | None = None, nested: bool = False) -> Iterator[Any]:
+    """Start (or resume, with `run_id`) a run in `experiment` on the configured store."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_experiment(experiment_id=ensure_experiment(experiment))
+    with mlflow.start_run(run_id=run_id, run_name=run_name, nested=nested,
+                          tags={k: str(v) for k, v in (tags or {}).items()}) as run:
+        yield run

@@ -1,0 +1,165 @@
+"""The one registry of evaluation methods: what each is, what it needs, how it decides.
+
+The evaluator, the pipeline and the report read it: a method added here is
+evaluated by `mara evaluate-all` and shown in the report, nowhere else to
+edit. Kinds: a `rule` reads only the observation (a hand-written allocator
+the learned scheduler has to beat); a `reference` is told each task's true
+demand (how far better forecasts could go); the `bound` is the Oracle, each
+task alone on a node (docs/design.md §6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mara_common.config import ConfigError
+from mara_env.allocators import ALLOCATORS
+from mara_env.vector import BatchDecide
+from mara_rl.policy import act, load_policy, policy_env
+
+KINDS = ("rule", "reference", "bound")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A non-learned method: an allocator and the predictor its env runs."""
+
+    name: str
+    allocator: str | None  # a key of ALLOCATORS; None for the Oracle bound (not simulated)
+    predictor: str  # wls | oracle | fm (the profile's exported FM predictor)
+    # The env's view options it runs with: "none" (the base observation), "quantile" (the
+    # optimistic estimate alone), "profile" (all of the profile's, as MARA's teacher does).
+    view: str = "none"
+    kind: str = "rule"
+    help: str = ""
+
+    def needs(self) -> list[str]:
+        """What the profile or the command must provide for this method to run."""
+        return (["an FM predictor"] if self.predictor == "fm" else []) + \
+            (["[env] optimistic_quantile"] if self.view != "none" else [])
+
+
+BUILTIN: tuple[MethodSpec, ...] = (
+    MethodSpec("fifo", "fifo", "wls", help="the earliest arrivals first"),
+    MethodSpec("edf", "edf", "wls", help="the earliest deadlines first"),
+    MethodSpec("lara", "lara", "wls", help="LARA on WLS forecasts (the paper's baseline)"),
+    MethodSpec("lara_fm", "lara", "fm", help="LARA on FM forecasts"),
+    MethodSpec("lara_fm_optimistic", "lara_optimistic", "fm", view="profile",
+               help="LARA on FM's optimistic quantile, probing new tasks first: MARA's teacher"),
+    MethodSpec("llf_fm", "llf", "fm", view="profile",
+               help="exact feasibility test and least-laxity service on FM forecasts"),
+    MethodSpec("lara_oracle", "lara", "oracle", kind="reference", help="LARA told the true demand"),
+    MethodSpec("llf_oracle", "llf", "oracle", view="quantile", kind="reference",
+               help="the least-laxity planner told the true demand"),
+    MethodSpec("oracle", None, "oracle", kind="bound", help="each task alone on a node: the upper bound"),
+)
+SPECS = {spec.name: spec for spec in BUILTIN}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A learned scheduler of the protocol: its method name and its training overrides."""
+
+    name: str
+    overrides: tuple[tuple[str, Any], ...]  # SchedulerConfig fields
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+
+VARIANTS = (
+    Variant("mara", (("predictor", "fm"),)),
+    Variant("mara_wls", (("predictor", "wls"),)),
+    Variant("sparse", (("predictor", "fm"), ("beta", 0.0))),
+)
+
+
+def rule_names() -> list[str]:
+    """The hand-written, observation-only methods."""
+    return [s.name for s in BUILTIN if s.kind == "rule"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """How a method decides, and which predictor the env runs for it."""
+
+    name: str
+    predictor: str
+    make: Callable[[], BatchDecide] | None  # None: the Oracle bound, not simulated
+    seed: int | None = None  # scheduler training seed; None for methods that are not trained
+    # The env's `VIEW_OPTIONS` the method runs with; those not named are off (the base observation).
+    view: dict[str, Any] = field(default_factory=dict)
+
+
+def classic(name: str) -> Callable[[], BatchDecide]:
+    """A batch decision rule from the allocator `name` (one allocator per call of `make`)."""
+    def make() -> BatchDecide:
+        allocator = ALLOCATORS[name]()
+        return lambda obs, envs: np.stack([allocator.act(env.scheduler_view()) for env in envs])
+
+    return make
+
+
+def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Method:
+    """An exported MAT policy, run with the predictor it was trained with.
+
+    Several policies may share `name` with different training `seed`s: their
+    records then differ only in `Record.seed`, so seeds are paired by value.
+    """
+    def make() -> BatchDecide:
+        module = load_policy(policy_dir)
+        return lambda obs, envs: act(module, obs)
+
+    trained_in = policy_env(policy_dir)
+    return Method(name, trained_in.pop("predictor"), make, seed, trained_in)
+
+
+def builtin_methods(fm_path: str | Path | None, view: dict[str, Any]) -> dict[str, Method]:
+    """The registry's methods that can run here: those reading FM need `fm_path`, those
+    reading the optimistic estimate need the profile's `optimistic_quantile` in `view`."""
+    quantile = view.get("optimistic_quantile")
+    views = {"none": {}, "quantile": {"optimistic_quantile": quantile}, "profile": dict(view)}
+    methods = {}
+    for spec in BUILTIN:
+        if (spec.predictor == "fm" and not fm_path) or (spec.view != "none" and quantile is None):
+            continue
+        predictor = f"fm:{fm_path}" if spec.predictor == "fm" else spec.predictor
+        make = classic(spec.allocator) if spec.allocator else None
+        methods[spec.name] = Method(spec.name, predictor, make, view=views[spec.view])
+    return methods
+
+
+def unavailable(names: list[str], available: dict[str, Method]) -> str:
+    """Why each of `names` cannot run here (empty when all can)."""
+    reasons = []
+    for name in names:
+        if name in available:
+            continue
+        spec = SPECS.get(name)
+        reasons.append(f"{name} (needs {' and '.join(spec.needs())})" if spec else
+                       f"{name} (unknown; known: {sorted(SPECS)})")
+    return "; ".join(reasons)
+
+
+def parse_policies(text: str | None) -> dict[tuple[str, int | None], str]:
+    """`NAME[@SEED]=POLICY_DIR,...` → {(name, training seed or None): dir}.
+
+    The seed lets several training runs of one method enter the report as
+    that method's seeds (e.g. `mara@1=...,mara@2=...` beside the pipeline's seed 0).
+    """
+    policies = {}
+    for item in (x.strip() for x in (text or "").split(",") if x.strip()):
+        key, _, path = item.partition("=")
+        name, at, seed = key.partition("@")
+        if not name or not path or (at and not seed.isdigit()):
+            raise ConfigError(f"--policies entry {item!r} should be NAME=POLICY_DIR or NAME@SEED=POLICY_DIR")
+        if name in SPECS:
+            raise ConfigError(f"--policies entry {item!r}: {name!r} is a built-in method; name it otherwise")
+        policies[(name, int(seed) if at else None)] = path
+    return policies

@@ -1,0 +1,117 @@
+"""Smoke tests of the probes in experiments/probes: each runs at toy size on the smoke bank
+and writes a table whose figures lie in range."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SMOKE = ["--profile", "smoke"]
+
+
+def probe(name: str) -> ModuleType:
+    """experiments.probes.<name> (the probes are run from the project root, as modules)."""
+    return importlib.import_module(f"experiments.probes.{name}")
+
+
+def tables(path: Path) -> list[list[list[str]]]:
+    """The Markdown tables of a file: per table, its body rows as lists of cells."""
+    found: list[list[list[str]]] = []
+    current: list[list[str]] | None = None
+    for line in path.read_text().splitlines():
+        if not line.startswith("|"):
+            current = None
+        elif set(line) <= set("|-"):
+            current = []
+            found.append(current)
+        elif current is not None:
+            current.append([c.strip() for c in line.strip("|").split("|")])
+    return found
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def percent(cell: str) -> float:
+    value = number(cell)
+    assert 0.0 <= value <= 100.0, cell
+    return value
+
+
+@pytest.fixture(scope="module")
+def fm_dir(untrained_fm, tmp_path_factory) -> Path:
+    return untrained_fm.export(tmp_path_factory.mktemp("probes") / "fm")
+
+
+def run(name: str, smoke_bank: Path, tmp_path: Path, *args: str) -> Path:
+    path = probe(name).main([*SMOKE, "--bank", str(smoke_bank), "--out", str(tmp_path), *args])
+    assert path.parent == tmp_path and path.is_file()
+    return path
+
+
+def test_calibrate_workload_scan(smoke_bank, fm_dir, tmp_path):
+    path = run("calibrate_workload", smoke_bank, tmp_path, "--episodes", "1", "--demand", "30-150,80-280",
+               "--window", "1.3-2.4", "--unreachable", "0.2", "--fit-horizon", "yes", "--fm", str(fm_dir))
+    assert path.name == "calibrate_workload.md"
+    [rows] = tables(path)
+    assert len(rows) == 2
+    for row in rows:
+        fifo, edf, lara, lara_fm, lara_true, oracle, utilisation = map(percent, row[4:11])
+        assert oracle >= max(fifo, edf, lara, lara_fm, lara_true)  # the bound holds for every policy
+        assert math.isclose(number(row[11]), oracle - lara, abs_tol=0.11)
+
+
+def test_commitment_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("commitment_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
+               "--starts", "100,200,300", "--lengths", "1,20", "--load", "0.08", "--predictor", f"fm:{fm_dir}")
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["1", "20"]
+    for _, tried, changed, gains, losses, _ in rows:
+        contended, copies = map(int, tried.split("/"))
+        assert copies == 3 and 0 <= contended <= copies
+        assert int(gains) + int(losses) <= contended
+        if contended:
+            percent(changed)
+
+
+def test_planning_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("planning_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
+               "--sigmas", "0.2", "--fm", str(fm_dir))
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["wls", "fm", "fm, reach from the truth", "fm, amount from the truth",
+                                        "true demand", "true × exp(0.2·z)"]
+    assert all(len(row) == 4 and all(0 <= percent(c) for c in row[1:]) for row in rows)
+
+    path = run("planning_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
+               "--by-family", "--fm", str(fm_dir))
+    assert path.name == "planning_probe_by_family.md"
+    [rows] = tables(path)
+    assert len(rows) == 8  # the ID families
+    for _, tasks, reach, no_reach, _, teacher in rows:
+        assert int(tasks) >= 0
+        assert all(0.0 <= number(c) <= 1.0 for c in (reach, no_reach) if c != "–")
+        percent(teacher)
+
+
+def test_history_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("history_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
+               "--settings", "5:20,10:all", "--fm", str(fm_dir))
+    val, test = tables(path)
+    assert [row[:2] for row in val] == [["5", "20"], ["10", "all"]]
+    assert all(0 <= percent(row[2]) for row in val)
+    assert [row[0] for row in test] == ["id", "rl_ood", "vit_ood"]
+    assert all(len(row) == 7 and all(0 <= percent(c) for c in row[1:]) for row in test)
+
+
+def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
+    path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
+               "--networks", "tiny", "--epochs", "1")
+    [rows] = tables(path)
+    [(name, params, epochs, mae, best, chosen)] = rows
+    assert (name, epochs, chosen) == ("t1", "1", "yes")
+    assert number(params) > 0 and 0 <= number(best) <= number(mae) < math.inf
