@@ -30,16 +30,17 @@ RAY_GCS   ?= 6390
 
 setup: $(VENV)/.installed
 
-# torch is pinned to the CPU wheel that pip finds locally; install it first so
-# nothing else pulls a CUDA build. Two make commands started together after a change to
-# pyproject.toml would both reinstall at once and break each other: the install holds a
-# lock, and the second one, once it gets it, finds the venv up to date and skips.
-$(VENV)/.installed: pyproject.toml
-	flock $(VENV).lock sh -ec '[ $@ -nt pyproject.toml ] && exit 0; \
+# torch is pinned to the CPU wheel that pip finds locally; install it first so nothing else
+# pulls a CUDA build. constraints.txt pins every other package (same seed, same result needs
+# the same numerics). Two make commands started together after a change would both reinstall
+# at once and break each other: the install holds a lock, and the second one, once it gets
+# it, finds the venv up to date and skips.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	flock $(VENV).lock sh -ec '[ $@ -nt pyproject.toml ] && [ $@ -nt constraints.txt ] && exit 0; \
 		test -d $(VENV) || python3 -m venv $(VENV); \
 		$(PY) -m pip install -q --upgrade pip; \
-		$(PY) -m pip install -q torch==2.13.0; \
-		$(PY) -m pip install -q -e ".[dev]"; \
+		$(PY) -m pip install -q -c constraints.txt torch==2.13.0; \
+		$(PY) -m pip install -q -c constraints.txt -e ".[dev]"; \
 		touch $@'
 
 lint: setup
@@ -49,7 +50,7 @@ test: lint
 	$(PY) -m pytest -q
 
 curves: $(BANK)
-$(BANK): $(VENV)/.installed
+$(BANK): | $(VENV)/.installed
 	$(MARA) curves --profile $(PROFILE) --out $@
 
 train-predictor: $(FM)/config.json

@@ -44,6 +44,14 @@ class PooledVectorEnv(SyncVectorEnv):
                          autoreset_mode=AutoresetMode.NEXT_STEP)
         self.predictor = shared.predictor
 
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict | None = None):
+        """An int `seed` is spread over the sub-envs through a `SeedSequence`, not as seed + i:
+        with seed + i, the sub-envs of a runner seeded s + 1 (RLlib seeds runner w with s + w)
+        would replay those of the runner seeded s, shifted by one."""
+        if isinstance(seed, int):
+            seed = [int(x) for x in np.random.SeedSequence(seed).generate_state(self.num_envs)]
+        return super().reset(seed=seed, options=options)
+
     def step(self, actions):
         infos: dict[str, Any] = {}
         stepped: list[int] = []

@@ -62,6 +62,9 @@ from mara_rl.scheduler_config import SchedulerConfig
 
 EXPERIMENT = "mara-scheduler"
 IMITATION_SEED = 2_000_000  # + 1000 · seed: the teacher's episodes, apart from eval_seed's
+# RLlib seeds env runner w with (its seed + w): spaced this far apart, the runners of different
+# training seeds never share a seed (and so never replay the same episode stream).
+RUNNER_SEED_STRIDE = 1000
 EPISODE_METRICS = ("success_rate", "episode_successes", "episode_tasks", "utilisation",
                    "episode_invalid_actions")
 
@@ -150,7 +153,7 @@ def ppo_config(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path | None = 
                   train_batch_size_per_learner=cfg.train_batch_size)
         .rl_module(rl_module_spec=module_spec(env_cfg, cfg.mat))
         .callbacks(EpisodeMetrics)
-        .debugging(seed=cfg.seed)
+        .debugging(seed=RUNNER_SEED_STRIDE * cfg.seed)
     )
 
 
@@ -240,6 +243,9 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
     algo = build_algorithm(cfg, env_cfg, out_dir)
     if state:
         algo.restore_from_path(str(checkpoint_dir(out_dir)))
+    # The warm start fits this module from its initial weights: drawn from the run's seed, not
+    # from whatever random state building RLlib's learner left behind.
+    torch.manual_seed(cfg.seed)
     evaluator = module_spec(env_cfg, cfg.mat).build()
 
     def sync_evaluator() -> MATModule:

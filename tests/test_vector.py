@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -19,8 +21,9 @@ def test_pooled_envs_match_independent_envs(smoke_bank, untrained_fm, predictor_
     kw = dict(bank=str(smoke_bank), split="test", horizon=60, arrival_prob=0.3, predictor=predictor)
     pooled = PooledVectorEnv(3, **kw)
     single = [MultiNodeEnv(**kw) for _ in range(3)]
+    seeds = [int(x) for x in np.random.SeedSequence(10).generate_state(3)]  # what reset(seed=10) spreads
     obs, _ = pooled.reset(seed=10)
-    single_obs = [env.reset(seed=10 + i)[0] for i, env in enumerate(single)]
+    single_obs = [env.reset(seed=s)[0] for s, env in zip(seeds, single, strict=True)]
     rng = np.random.default_rng(0)
     done = np.zeros(3, bool)
     episodes_ended, predictions_seen = 0, set()
@@ -40,6 +43,18 @@ def test_pooled_envs_match_independent_envs(smoke_bank, untrained_fm, predictor_
         episodes_ended += int(terminated.sum())
         done = terminated
     assert episodes_ended >= 3 and len(predictions_seen) > 10  # autoresets and real predictions covered
+
+
+def test_runners_seeded_one_apart_replay_no_common_episode(smoke_bank):
+    """RLlib seeds env runner w with seed + w: the pooled envs of neighbouring runners (and of
+    neighbouring training seeds) must still draw distinct episodes."""
+    kw = dict(bank=str(smoke_bank), horizon=200, arrival_prob=0.1)
+    episodes = []
+    for runner_seed in (1, 2, 1000, 1001):
+        pooled = PooledVectorEnv(4, **kw)
+        pooled.reset(seed=runner_seed)
+        episodes += [json.dumps(env.episode.to_dict(), sort_keys=True) for env in pooled.envs]
+    assert len(set(episodes)) == len(episodes) == 16
 
 
 def test_make_vec_builds_the_pooled_env(smoke_bank):
