@@ -49,12 +49,13 @@ def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
                           "start it or point MLFLOW_TRACKING_URI elsewhere") from None
 
 
-def ensure_experiment(name: str) -> str:
-    """The id of experiment `name`, created with the project's artifact folder (local
-    stores) and the model-training kind if it does not exist yet."""
+def ensure_experiment(name: str, uri: str | None = None) -> str:
+    """The id of experiment `name` in store `uri` (default: the configured one), created with
+    the project's artifact folder (local stores) and the model-training kind if it does not
+    exist yet."""
     import mlflow
 
-    uri = tracking_uri()
+    uri = uri or tracking_uri()
     check_reachable(uri)
     client = mlflow.MlflowClient(uri)
     found = client.get_experiment_by_name(name)

@@ -149,7 +149,9 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
         tasks += [out["episode_tasks"] for out in root_outs]
         for k in DIAGNOSTICS:
             diag[k] += [out[k] for out in root_outs]
-    means = {k: float(np.nanmean(v)) if len(v) else math.nan for k, v in diag.items()}
+    # NaN where a diagnostic was never measured (e.g. readiness in episodes without a ready task)
+    means = {k: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan
+             for k, v in ((k, np.asarray(v, float)) for k, v in diag.items())}
     return {"per_root": per_root, "tasks": tasks, "diagnostics": {**means, **completion}}
 
 
@@ -239,10 +241,12 @@ def write_results(records: list[Record], out_dir: Path) -> None:
 
 
 def record_name(r: Record) -> str:
-    """A run name that says what the record is: method (seed), task set, load, scenario, split."""
+    """A run name that says what the record is: method (seed), task set (split), load, and
+    the stress scenario where it is one."""
     seed = "" if r.seed is None else f" seed {r.seed}"
     split = "" if r.split == "test" else f" ({r.split})"
-    return f"{r.method}{seed} · {r.task_set}{split} · p={r.load:g} · {r.scenario}"
+    scenario = "" if r.scenario == "default" else f" · {r.scenario}"
+    return f"{r.method}{seed} · {r.task_set}{split} · p={r.load:g}{scenario}"
 
 
 def log_records(records: list[Record], out_dir: Path | None, tags: dict[str, Any] | None = None) -> None:

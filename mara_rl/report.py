@@ -4,17 +4,18 @@ Input is the flat list of `Record`s that `evaluate` wrote (any number of
 `results.json` files). Every number is computed once into `report.json`; the
 Markdown is formatted from those same values, so the two cannot disagree.
 
-Pairing. A *unit* is one frozen episode × one scheduler training seed.
-Within a scope (scenario, load, task sets) a method's value on a unit is its
-success rate on that episode; a method without a seed (FIFO, EDF, LARA,
-Oracle, ...) has the same value for every seed. For a scope spanning several
-task sets (the "mean" column) the unit is (seed, root, episode index) and its
-value is the equal-weight average of the task sets' episodes at that root
-and index: those episodes differ between task sets but are shared by every
-method, so the pairing stays exact. Differences are reference − other,
-resampled over units (`mara_rl.stats`). Units of one episode under different
-seeds are resampled as independent, which is the protocol asked for; it does
-not widen the interval for the correlation between seeds.
+Pairing. Within a scope (scenario, load, task sets) every method ran on the
+same frozen episodes, so a comparison reference − other is, per task set, a
+matrix of paired differences over scheduler training seeds × episodes; a
+method without a seed (FIFO, EDF, LARA, Oracle, ...) has the same value for
+every seed. The interval is the hierarchical bootstrap of `mara_rl.stats`
+(docs/design.md §9.1): seeds and episodes are resampled separately, episodes
+inside their own task set, and the "mean" column averages the task sets with
+equal weight in every resample.
+
+The first comparison is the learned policy's own contribution: the reference
+against the best hand-written rule (the registry's `rule` methods), the best
+being chosen in each scope as the rule with the highest mean success there.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_fm.eval_predictor import markdown_table as predictor_table
 from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, EVAL_EXPERIMENT, Record, slack_bands
-from mara_rl.methods import SPECS
-from mara_rl.stats import BootstrapConfig, align_seeds, mean_std, paired_bootstrap
+from mara_rl.methods import SPECS, rule_names
+from mara_rl.stats import BootstrapConfig, difference_matrix, hierarchical_bootstrap, mean_std
 
 REPORT_JSON, REPORT_MD = "report.json", "report.md"
 SWEEP_PNG, COMPARISON_PNG = "load_sweep.png", "comparisons.png"
@@ -51,14 +52,16 @@ class ReportConfig:
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     target_margin: float = 0.085  # MARA − LARA on the mean, the paper's figure rounded down
     target_margin_id: float = 0.08  # MARA − LARA on ID (stage two's own target)
+    target_margin_rule: float = 0.015  # MARA − the best hand-written rule on the mean
+    target_oracle_gap: float = 0.04  # Oracle bound − MARA on the mean, at most
 
 
 @dataclass
 class Scores:
-    """One method in one scope, averaged over the scope's task sets unit by unit."""
+    """One method in one scope: its episodes per task set; its roots averaged over the task sets."""
 
-    episodes: dict[int | None, np.ndarray]  # seed → per-episode success rates
-    roots: dict[int | None, np.ndarray]  # seed → per-root success rates
+    episodes: dict[str, dict[int | None, np.ndarray]]  # task set → seed → per-episode success rates
+    roots: dict[int | None, np.ndarray]  # seed → per-root success rates, equal weight per task set
     tasks_per_episode: float
     diagnostics: dict[str, float | None]  # None where never measured (the Oracle is not simulated)
 
@@ -90,7 +93,8 @@ def scores(records: list[Record], method: str, scenario: str, load: float,
     diag = {k: np.array([r.diagnostics.get(k, math.nan) for r in chosen], float)
             for k in (*DIAGNOSTICS, *COMPLETION)}
     return Scores(
-        episodes={s: np.mean([sets[t].per_episode for t in task_sets], axis=0) for s, sets in by_seed.items()},
+        episodes={t: {s: np.asarray(sets[t].per_episode, float) for s, sets in by_seed.items()}
+                  for t in task_sets},
         roots={s: np.mean([sets[t].per_root for t in task_sets], axis=0) for s, sets in by_seed.items()},
         tasks_per_episode=float(np.mean([r.tasks_per_episode for r in chosen])),
         diagnostics={k: None if np.isnan(v).all() else float(np.nanmean(v)) for k, v in diag.items()},
@@ -108,8 +112,23 @@ def choose_reference(methods: list[str], preferred: str) -> tuple[str | None, st
 
 
 def compare(ref: Scores, other: Scores, cfg: BootstrapConfig) -> dict[str, Any]:
-    diff = paired_bootstrap(*align_seeds(ref.episodes, other.episodes), cfg)
+    """ref − other in one scope: one seeds × episodes matrix per task set, hierarchical bootstrap."""
+    if set(ref.episodes) != set(other.episodes):
+        raise ValueError(f"different task sets: {sorted(ref.episodes)} vs {sorted(other.episodes)}")
+    diff = hierarchical_bootstrap([difference_matrix(ref.episodes[t], other.episodes[t])
+                                   for t in ref.episodes], cfg)
     return {**asdict(diff), "excludes_zero": diff.excludes_zero}
+
+
+def best_rule(rows: dict[str, Scores], comps: dict[str, dict], reference: str | None) -> dict[str, Any] | None:
+    """reference − the evaluated hand-written rule with the highest mean success in this scope
+    (`comps`: the scope's comparisons with the reference; None where there is no such rule)."""
+    rules = [m for m in rule_names() if m in rows and m in comps and m != reference]
+    if not rules:
+        return None
+    best = max(rules, key=lambda m: rows[m].summary()["mean"])  # ties: the registry's order
+    return {"rule": best, "rule_mean": rows[best].summary()["mean"],
+            "reference_mean": rows[reference].summary()["mean"], **comps[best]}
 
 
 def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
@@ -153,6 +172,16 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
         if loads else []
     sweep = {p: scope_rows("default", p, sweep_sets) for p in loads}  # one load: a one-point sweep
 
+    main_comps = {col: comparisons(rows) for col, rows in main.items()}
+    stress_comps = comparisons(stress)
+    sweep_comps = {f"{p:g}": comparisons(rows) for p, rows in sweep.items()}
+    by_col = {col: best_rule(main[col], main_comps[col], reference) for col in main}
+    by_load = {f"{p:g}": best_rule(sweep[p], sweep_comps[f"{p:g}"], reference) for p in loads}
+    vs_best_rule = {"rules": [m for m in rule_names() if m in methods and m != reference],
+                    "table2": {col: c for col, c in by_col.items() if c},
+                    "load_sweep": {p: c for p, c in by_load.items() if c},
+                    "stress": best_rule(stress, stress_comps, reference)}  # None where not evaluated
+
     report = {
         "reference": reference,
         "reference_note": note,
@@ -160,22 +189,25 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
         "bootstrap": asdict(cfg.bootstrap),
         "table2": {"columns": list(main), "rows": {m: c for m, c in table2.items() if c}},
         "table2_seeds": table2_seeds,
-        "table2_comparisons": {col: comparisons(rows) for col, rows in main.items()},
+        "vs_best_rule": vs_best_rule,
+        "table2_comparisons": main_comps,
         "table3": {"task_sets": stress_sets, "rows": {m: s.summary() for m, s in stress.items()}},
-        "table3_comparisons": comparisons(stress),
+        "table3_comparisons": stress_comps,
         "load_sweep": {"task_sets": sweep_sets, "loads": loads,
                        "rows": {m: {f"{p:g}": sweep[p][m].summary() for p in loads if m in sweep[p]}
                                 for m in methods if any(m in sweep[p] for p in loads)}},
-        "load_sweep_comparisons": {f"{p:g}": comparisons(rows) for p, rows in sweep.items()},
+        "load_sweep_comparisons": sweep_comps,
         "table4": {m: s.diagnostics for m, s in diag_scope.items()},
         "predictor": predictor_eval,
     }
-    report["targets"] = target_checks(report, cfg.target_margin, cfg.target_margin_id) if reference else []
+    report["targets"] = target_checks(report, cfg) if reference else []
     return report
 
 
-def target_checks(report: dict[str, Any], margin: float, margin_id: float) -> list[dict[str, Any]]:
-    """The paper's relative results as pass/fail lines on this report's numbers."""
+def target_checks(report: dict[str, Any], cfg: ReportConfig) -> list[dict[str, Any]]:
+    """The paper's relative results, and the learned policy's own, as pass/fail lines on this
+    report's numbers."""
+    margin, margin_id, ref = cfg.target_margin, cfg.target_margin_id, report["reference"]
     mean = report["table2_comparisons"].get(MEAN, {})
     on_id = report["table2_comparisons"].get("id", {})
     sweep = report["load_sweep_comparisons"]
@@ -184,6 +216,21 @@ def target_checks(report: dict[str, Any], margin: float, margin_id: float) -> li
 
     def add(name: str, met: bool, evidence: str) -> None:
         checks.append({"target": name, "met": bool(met), "evidence": evidence})
+
+    rule = report["vs_best_rule"]
+    if MEAN in rule["table2"]:
+        c = rule["table2"][MEAN]
+        add(f"{ref} − best rule ≥ {100 * cfg.target_margin_rule:+.1f} points on the mean, CI excluding 0",
+            c["mean"] >= cfg.target_margin_rule and c["low"] > 0, f"{interval(c)} vs {c['rule']}")
+    if sweep and set(rule["load_sweep"]) == set(sweep):
+        add(f"{ref} − best rule ≥ 0 at every load of the sweep",
+            all(c["mean"] >= 0 for c in rule["load_sweep"].values()),
+            ", ".join(f"p = {p}: {points(c['mean'])} vs {c['rule']}" for p, c in rule["load_sweep"].items()))
+    if "oracle" in mean:
+        c = mean["oracle"]  # reference − Oracle: the gap is its negative
+        add(f"gap to the Oracle bound on the mean ≤ {100 * cfg.target_oracle_gap:.1f} points",
+            -c["mean"] <= cfg.target_oracle_gap,
+            f"{100 * -c['mean']:.2f} [{100 * -c['high']:.2f}, {100 * -c['low']:.2f}]")
 
     if "lara" in mean:
         c = mean["lara"]
@@ -196,24 +243,24 @@ def target_checks(report: dict[str, Any], margin: float, margin_id: float) -> li
                  for name, what in references.items() if lara and MEAN in rows.get(name, {})]
         if rooms:
             evidence += f" ({'; '.join(rooms)})"
-        add(f"{report['reference']} − lara on the mean ≥ {100 * margin:.1f} points, CI excluding 0",
+        add(f"{ref} − lara on the mean ≥ {100 * margin:.1f} points, CI excluding 0",
             c["mean"] >= margin and c["low"] > 0, evidence)
     if "lara" in on_id:
-        add(f"{report['reference']} − lara on id ≥ {100 * margin_id:.1f} points",
+        add(f"{ref} − lara on id ≥ {100 * margin_id:.1f} points",
             on_id["lara"]["mean"] >= margin_id, interval(on_id["lara"]))
     for other in ("edf", "fifo"):
         if other in on_id:
-            add(f"{report['reference']} above {other} on id", on_id[other]["mean"] > 0, interval(on_id[other]))
+            add(f"{ref} above {other} on id", on_id[other]["mean"] > 0, interval(on_id[other]))
     if sweep and all("lara" in comps for comps in sweep.values()):
-        add(f"{report['reference']} − lara > 0 at every load of the sweep",
+        add(f"{ref} − lara > 0 at every load of the sweep",
             all(comps["lara"]["mean"] > 0 for comps in sweep.values()),
             ", ".join(f"p = {p}: {points(comps['lara']['mean'])}" for p, comps in sweep.items()))
     for other in ("lara_fm", "mara_wls"):
         if other in mean:
-            add(f"{report['reference']} above {other} on the mean", mean[other]["mean"] > 0, interval(mean[other]))
-    if report["reference"] in stress and "oracle" in stress:
-        got, bound = stress[report["reference"]]["mean"], stress["oracle"]["mean"]
-        add(f"stress: {report['reference']} at the Oracle bound", got >= bound, f"{pct(got)} vs {pct(bound)}")
+            add(f"{ref} above {other} on the mean", mean[other]["mean"] > 0, interval(mean[other]))
+    if ref in stress and "oracle" in stress:
+        got, bound = stress[ref]["mean"], stress["oracle"]["mean"]
+        add(f"stress: {ref} at the Oracle bound", got >= bound, f"{pct(got)} vs {pct(bound)}")
     return checks
 
 
@@ -228,6 +275,11 @@ def points(x: float) -> str:
 
 def mean_pm_std(cell: dict[str, float]) -> str:
     return f"{pct(cell['mean'])} ± {pct(cell['std'])}"
+
+
+def sample_size(c: dict) -> str:
+    """Training seeds × frozen episodes (summed over task sets) a comparison pairs."""
+    return f"{c['seeds']} × {c['episodes']}"
 
 
 def interval(c: dict) -> str:
@@ -247,17 +299,38 @@ def comparison_section(by_column: dict[str, dict[str, dict]], reference: str) ->
     if not columns:
         return ""
     others = list(dict.fromkeys(m for c in columns for m in by_column[c]))
-    # Units are per pair of methods: a trained method meets the reference only on the seeds
+    # Seeds are per pair of methods: a trained method meets the reference only on the seeds
     # both have, an untrained one on every seed of the reference.
     rows = [[m, *(interval(by_column[c][m]) if m in by_column[c] else "–" for c in columns),
-             "/".join(str(u) for u in dict.fromkeys(by_column[c][m]["units"] for c in columns
-                                                    if m in by_column[c]))]
+             "/".join(dict.fromkeys(sample_size(by_column[c][m]) for c in columns if m in by_column[c]))]
             for m in others]
     unclear = [f"{m} ({c})" for c in columns for m, v in by_column[c].items() if not v["excludes_zero"]]
     plain = ("The 95% interval includes zero — no significant difference — for: " + ", ".join(unclear)
              if unclear else "Every 95% interval excludes zero.")
     return (f"\nPaired difference `{reference}` − other, percentage points, with the 95% "
-            f"bootstrap interval:\n\n{table(['other', *columns, 'units'], rows)}\n{plain}\n")
+            f"bootstrap interval:\n\n{table(['other', *columns, 'seeds × episodes'], rows)}\n{plain}\n")
+
+
+def best_rule_section(report: dict[str, Any]) -> str:
+    """The learned policy's own contribution: the reference − the best rule, scope by scope."""
+    ref, rule = report["reference"], report["vs_best_rule"]
+    scoped = [*((col, c) for col, c in rule["table2"].items()),
+              *((f"p = {p}", c) for p, c in rule["load_sweep"].items()),
+              *([("stress", rule["stress"])] if rule["stress"] else [])]
+    out = [f"## The learned policy's own contribution: {ref} − the best rule\n"]
+    if not scoped:
+        out.append("Not available: no hand-written rule was evaluated beside the reference.\n")
+        return "\n".join(out)
+    out.append(f"Rules: the hand-written, observation-only methods evaluated ({', '.join(rule['rules'])}). "
+               f"In each scope the rule compared is the one with the highest mean success there, so "
+               f"this is the hardest of the comparisons with a rule. Scopes: each task set and their "
+               f"mean at p = {report['main_load']:g}, each load of the sweep (on "
+               f"{', '.join(report['load_sweep']['task_sets'])}), the stress scenario. Success %, and "
+               f"the paired difference in percentage points with its 95% bootstrap interval:\n")
+    out.append(table(["scope", "best rule", "rule %", f"{ref} %", f"{ref} − rule", "seeds × episodes"],
+                     [[scope, c["rule"], pct(c["rule_mean"]), pct(c["reference_mean"]), interval(c),
+                       sample_size(c)] for scope, c in scoped]))
+    return "\n".join(out)
 
 
 def diagnostic_cell(value: float | None, scale: float, digits: int) -> str:
@@ -271,8 +344,10 @@ def render(report: dict[str, Any], profile: str) -> str:
     out = [f"# MARA evaluation report — profile `{profile}`\n"]
     if report["reference_note"]:
         out.append(f"> {report['reference_note']}\n")
+    if ref:
+        out.append(best_rule_section(report))
     if report.get("targets"):
-        out.append("## Targets (the paper's relative results)\n")
+        out.append("## Targets\n")
         out.append(table(["target", "met", "here"], [[t["target"], "yes" if t["met"] else "**no**",
                                                       t["evidence"]] for t in report["targets"]]))
 
@@ -344,11 +419,16 @@ def render(report: dict[str, Any], profile: str) -> str:
     if any(report[k] for k in ("table2_comparisons", "table3_comparisons", "load_sweep_comparisons")):
         out.append(f"\n![paired differences]({COMPARISON_PNG})\n")
     out.append("## Pairing and bootstrap\n")
-    out.append(f"A unit is one frozen episode × one scheduler training seed; methods without a "
-               f"seed repeat their value across seeds. Across task sets a unit is (seed, root, "
-               f"episode index) and takes the equal-weight average of the task sets. Intervals: "
-               f"percentile bootstrap of the mean paired difference over units, "
-               f"{boot['resamples']} resamples, seed {boot['seed']}, level {boot['level']:g}.\n")
+    out.append(f"Every method ran on the same frozen episodes. A comparison pairs, in each task "
+               f"set, the two methods' success on every training seed × episode; a method without "
+               f"a seed counts the same for every seed, and two trained methods meet on the seeds "
+               f"they share. Each bootstrap resample draws the seeds with replacement and, "
+               f"independently, the episodes with replacement inside each task set, and averages "
+               f"the differences over drawn seeds × drawn episodes (the `mean` column: per task "
+               f"set, then with equal weight over the task sets); seed-episode cells are never "
+               f"drawn one by one. The interval is the percentile interval of {boot['resamples']} "
+               f"resamples, level {boot['level']:g}, seed {boot['seed']}. With one seed this is "
+               f"the bootstrap over episodes.\n")
     return "\n".join(out)
 
 
@@ -447,6 +527,8 @@ def log_report(report: dict[str, Any], files: list[Path], profile: str) -> None:
                    for col, c in cells.items()}
         metrics |= {f"diff.{report['reference']}-{m}.{col}": c["mean"]
                     for col, comps in report["table2_comparisons"].items() for m, c in comps.items()}
+        metrics |= {f"diff.{report['reference']}-best_rule.{col}": c["mean"]
+                    for col, c in report["vs_best_rule"]["table2"].items()}
         mlflow.log_metrics(metrics)
         for f in files:
             mlflow.log_artifact(str(f))

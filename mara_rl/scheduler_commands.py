@@ -55,7 +55,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
     profile: Profile = args.profile
     cfg, bank, out = planned_run(args, build_bank=False)
     address = check_cluster(args.address)
-    ensure_experiment(EXPERIMENT)  # created here, with this checkout's artifact folder
+    ensure_experiment(EXPERIMENT, args.mlflow_uri)  # created here, with this checkout's artifact folder
     named = profile.path.parent.resolve() == PROFILE_DIR.resolve()
     argv = ["--profile", profile.name if named else normal_path(profile.path), "--bank", normal_path(bank),
             "--out", normal_path(out), "--run-name", args.run_name or out.name,

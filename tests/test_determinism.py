@@ -9,12 +9,9 @@ another seed must give another result.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
-import pytest
-import ray
 import torch
 
 from mara_common.profile import Profile
@@ -27,14 +24,6 @@ from mara_rl.train_scheduler import EXPERIMENT, train
 TIMING = ("env_steps_per_s", "iteration_seconds")  # wall-clock, not results
 
 
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _metrics(client: mlflow.MlflowClient, run_name: str) -> dict[tuple[str, int], float]:

@@ -39,7 +39,7 @@ def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflo
     assert set(records["tags.method"]) == {"fifo", "edf", "lara", "oracle"} and len(records) == 4
     assert (records["tags.mlflow.parentRunId"] == parent.run_id).all()
     assert (records["tags.profile"] == "smoke").all() and records["metrics.success_rate_mean"].notna().all()
-    assert "lara · id · p=0.04 · default" in set(records["tags.mlflow.runName"])
+    assert "lara · id · p=0.04" in set(records["tags.mlflow.runName"])
     # The results files are stored once, with the evaluation, not with every record.
     client = mlflow.MlflowClient(mlflow_store)
     assert {a.path for a in client.list_artifacts(parent.run_id)} == {"results.json", "results.md"}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mara_rl.submit import submit_training
+from mara_rl.cli import main
 from mara_rl.train_scheduler import EXPERIMENT
 
 pytestmark = pytest.mark.integration
@@ -111,15 +111,15 @@ def test_training_job_succeeds_and_logs_to_mlflow(services: dict[str, str], smok
     import mlflow
 
     out = tmp_path / "run"
-    argv = ["--profile", "smoke", "--bank", str(smoke_bank), "--out", str(out),
-            "--num-env-runners", "0", "--run-name", "ray-job-test", "--predictor", "wls"]
-    job_id, status = submit_training(argv, address=services["ray"], wait=True, timeout_s=150,
-                                     poll_s=3, mlflow_uri=services["mlflow"], echo_logs=False)
-    assert status == "SUCCEEDED", f"job {job_id} ended {status}; see {tmp_path / 'ray.log'}"
+    # `mara submit-scheduler`, as a user runs it: checks, creates the experiment, submits, waits.
+    main(["submit-scheduler", "--profile", "smoke", "--bank", str(smoke_bank), "--out", str(out),
+          "--num-env-runners", "0", "--run-name", "ray-job-test", "--predictor", "wls",
+          "--address", services["ray"], "--mlflow-uri", services["mlflow"], "--wait", "--timeout", "150"])
     assert (out / "policy" / "policy.pt").exists()
 
     client = mlflow.MlflowClient(services["mlflow"])
     (experiment,) = [e for e in client.search_experiments() if e.name == EXPERIMENT]
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on its runs
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "ray-job-test" and run.info.status == "FINISHED"
     for key in ("policy_loss", "vf_loss", "entropy", "env_steps_per_s"):

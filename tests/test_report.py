@@ -44,12 +44,13 @@ from mara_rl.report import (
     interval,
     mean_pm_std,
     publish,
+    render,
     scores,
     write_report,
 )
 from mara_rl.run_state import STATE_FILE, comparable
 from mara_rl.scheduler_config import training_env
-from mara_rl.stats import align_seeds, mean_std, paired_bootstrap
+from mara_rl.stats import difference_matrix, hierarchical_bootstrap, mean_std
 
 TASK_SETS = ["id", "rl_ood", "vit_ood"]
 IDLE = Method("idle", "wls", lambda: lambda obs, envs: np.zeros((len(envs), envs[0].cfg.n_nodes), np.int64))
@@ -130,11 +131,17 @@ def test_markdown_numbers_come_from_the_json(written: Path) -> None:
         "–" if v is None else f"{100 * v:.1f}" for v in bands) + " |"
 
 
-def test_seeds_are_units_and_std_is_over_seed_by_root(records: list[Record], written: Path) -> None:
+def test_comparisons_pair_seeds_and_episodes_and_std_is_over_seed_by_root(records: list[Record],
+                                                                           written: Path) -> None:
     report = json.loads((written / "report.json").read_text())
     assert report["table2"]["rows"]["mara"]["id"]["n"] == 4  # 2 seeds × 2 roots
     assert report["table2"]["rows"]["lara"]["id"]["n"] == 2
-    assert report["table2_comparisons"]["id"]["lara"]["units"] == 4  # LARA repeated per seed
+    c = report["table2_comparisons"]["id"]["lara"]  # LARA counts for both of mara's seeds
+    assert (c["seeds"], c["episodes"]) == (2, 2)  # 2 roots × 1 episode
+    c = report["table2_comparisons"][MEAN]["lara"]
+    assert (c["seeds"], c["episodes"]) == (2, 6)  # each task set's episodes, kept apart
+    assert "| lara | " in (written / "report.md").read_text() and "| 2 × 2/2 × 6 |" in \
+        md_row((written / "report.md").read_text(), "lara", "Paired difference")
     per_seed = report["table2_seeds"]["mara"]
     assert set(per_seed) == {"0", "1"} and "lara" not in report["table2_seeds"]
     overall = report["table2"]["rows"]["mara"]["id"]["mean"]
@@ -157,7 +164,7 @@ def test_mixing_validation_and_test_results_is_refused(records: list[Record]) ->
 def test_a_method_against_itself_is_exactly_zero(written: Path) -> None:
     report = json.loads((written / "report.json").read_text())
     x = np.random.default_rng(3).random(30)
-    same = paired_bootstrap(x, x)
+    same = hierarchical_bootstrap(difference_matrix({0: x, 1: x[::-1]}, {0: x, 1: x[::-1]}))
     assert (same.mean, same.low, same.high, same.excludes_zero) == (0.0, 0.0, 0.0, False)
     # "mara" decides exactly like EDF, under both of its seeds.
     for comps in [*report["table2_comparisons"].values(), report["table3_comparisons"]]:
@@ -172,20 +179,85 @@ def test_idle_is_significantly_worse_than_every_method(records: list[Record], wr
         assert comps["idle"]["excludes_zero"] and comps["idle"]["low"] > 0, col
     for task_sets in ([t] for t in TASK_SETS):
         idle = scores(records, "idle", "default", 0.04, task_sets)
-        assert idle is not None and all(np.all(v == 0) for v in idle.episodes.values())
+        assert idle is not None and all(np.all(v == 0) for by_seed in idle.episodes.values()
+                                        for v in by_seed.values())
         for method in ("lara", "fifo", "edf", "oracle"):
             diff = compare(scores(records, method, "default", 0.04, task_sets), idle, ReportConfig().bootstrap)
             assert diff["excludes_zero"] and diff["mean"] > 0, (method, task_sets)
 
 
-def test_seed_alignment() -> None:
-    a0, a1, b = np.array([1.0, 0.0]), np.array([0.5, 0.5]), np.array([0.25, 0.75])
-    x, y = align_seeds({0: a0, 1: a1}, {None: b})
-    assert np.array_equal(x, [1.0, 0.0, 0.5, 0.5]) and np.array_equal(y, [*b, *b])
-    x, y = align_seeds({0: a0, 1: a1}, {1: b, 2: b})  # only the shared seed 1 pairs
-    assert np.array_equal(x, a1) and np.array_equal(y, b)
-    with pytest.raises(ValueError, match="no shared scheduler seeds"):
-        align_seeds({0: a0}, {1: b})
+def test_the_mean_column_resamples_each_task_set_apart(records: list[Record]) -> None:
+    """The mean column's interval is the hierarchical bootstrap of the per-task-set matrices."""
+    mara, lara = (scores(records, m, "default", 0.04, TASK_SETS) for m in ("mara", "lara"))
+    got = compare(mara, lara, ReportConfig().bootstrap)
+    want = hierarchical_bootstrap([difference_matrix(mara.episodes[t], lara.episodes[t]) for t in TASK_SETS])
+    assert (got["mean"], got["low"], got["high"]) == (want.mean, want.low, want.high)
+    assert got["mean"] == pytest.approx(mara.summary()["mean"] - lara.summary()["mean"])
+
+
+def synthetic(method: str, task_set: str, level: float, seed: int | None = None, load: float = 0.04,
+              scenario: str = "default") -> Record:
+    """A record of 2 roots × 2 episodes, averaging `level` + 0.0025."""
+    episodes = [level + d for d in (0.0, 0.02, -0.02, 0.01)]
+    roots = [float(np.mean(episodes[:2])), float(np.mean(episodes[2:]))]
+    return Record(method, task_set, load, scenario, float(np.mean(roots)), float(np.std(roots, ddof=1)),
+                  roots, episodes, 20.0, seed=seed)
+
+
+# Per scope: (fifo, edf, lara) success, then mara's; references and the bound sit above every rule.
+SCOPES = {("id", 0.04, "default"): ((0.2, 0.5, 0.4), 0.55),  # best rule: edf
+          ("rl_ood", 0.04, "default"): ((0.1, 0.3, 0.6), 0.65),  # lara
+          ("vit_ood", 0.04, "default"): ((0.7, 0.2, 0.3), 0.75),  # fifo; the mean: lara (43.3 %)
+          ("id", 0.05, "default"): ((0.3, 0.1, 0.2), 0.35),  # fifo
+          ("id", 0.06, "default"): ((0.1, 0.2, 0.4), 0.3),  # lara, above mara
+          ("id", 0.04, "stress"): ((0.0, 0.3, 0.1), 0.6)}  # edf
+
+
+@pytest.fixture(scope="module")
+def best_rule_report() -> dict:
+    records = []
+    for (task_set, load, scenario), (rules, mara) in SCOPES.items():
+        at = {"load": load, "scenario": scenario}
+        records += [synthetic(m, task_set, v, **at) for m, v in zip(("fifo", "edf", "lara"), rules, strict=True)]
+        records += [synthetic("mara", task_set, mara + 0.02 * s, seed=s, **at) for s in (0, 1)]
+        records += [synthetic(m, task_set, 0.9, **at) for m in ("lara_oracle", "oracle")]
+    return build(records)
+
+
+def test_the_learned_policy_is_compared_with_the_best_rule_of_each_scope(best_rule_report: dict) -> None:
+    report = best_rule_report
+    rule = report["vs_best_rule"]
+    assert rule["rules"] == ["fifo", "edf", "lara"]  # the registry's rules that were evaluated
+    assert {col: c["rule"] for col, c in rule["table2"].items()} == \
+        {"id": "edf", "rl_ood": "lara", "vit_ood": "fifo", MEAN: "lara"}
+    assert {p: c["rule"] for p, c in rule["load_sweep"].items()} == {"0.04": "edf", "0.05": "fifo", "0.06": "lara"}
+    assert rule["stress"]["rule"] == "edf"
+    for col, c in rule["table2"].items():  # the same numbers as that rule's row of the comparisons
+        assert {k: c[k] for k in ("mean", "low", "high", "seeds", "episodes")} == \
+            {k: report["table2_comparisons"][col][c["rule"]][k] for k in ("mean", "low", "high", "seeds", "episodes")}
+        assert c["rule_mean"] == max(report["table2"]["rows"][m][col]["mean"] for m in rule["rules"])
+        assert c["reference_mean"] == report["table2"]["rows"]["mara"][col]["mean"]
+    assert rule["table2"][MEAN]["mean"] == pytest.approx(np.mean([0.56, 0.66, 0.76]) - np.mean([0.4, 0.6, 0.3]))
+    targets = {t["target"]: t for t in report["targets"]}
+    on_mean = targets["mara − best rule ≥ +1.5 points on the mean, CI excluding 0"]
+    assert on_mean["met"] and on_mean["evidence"].endswith("vs lara")
+    sweep = targets["mara − best rule ≥ 0 at every load of the sweep"]
+    assert not sweep["met"] and "p = 0.06: -9.00 vs lara" in sweep["evidence"]
+    oracle = targets["gap to the Oracle bound on the mean ≤ 4.0 points"]
+    assert not oracle["met"] and oracle["evidence"].startswith(f"{100 * (0.9 - np.mean([0.56, 0.66, 0.76])):.2f} [")
+
+
+def test_the_best_rule_section_comes_first(best_rule_report: dict, written: Path) -> None:
+    for md in (render(best_rule_report, "synthetic"), (written / "report.md").read_text()):
+        headings = [line for line in md.splitlines() if line.startswith("## ")]
+        assert headings[:2] == ["## The learned policy's own contribution: mara − the best rule",
+                                "## Targets"]
+    md = render(best_rule_report, "synthetic")
+    c = best_rule_report["vs_best_rule"]["table2"][MEAN]
+    assert md_row(md, MEAN, "## The learned policy") == \
+        f"| {MEAN} | lara | 43.58 | {100 * c['reference_mean']:.2f} | {interval(c)} | 2 × 12 |"
+    assert md_row(md, "stress", "## The learned policy").startswith("| stress | edf | 30.25 |")
+    assert md_row(md, "p = 0.06", "## The learned policy").startswith("| p = 0.06 | lara |")
 
 
 def test_reference_fallback(records: list[Record]) -> None:
@@ -323,6 +395,15 @@ def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:
     on_id = report["table2_comparisons"]["id"]
     assert targets["mara − lara on id ≥ 8.0 points"]["met"] == (on_id["lara"]["mean"] >= 0.08)
     assert targets["mara above fifo on id"]["met"] == (on_id["fifo"]["mean"] > 0)
+    for name in ("mara − best rule ≥ +1.5 points on the mean, CI excluding 0",
+                 "mara − best rule ≥ 0 at every load of the sweep",
+                 "gap to the Oracle bound on the mean ≤ 4.0 points"):
+        assert name in targets
+    rule = report["vs_best_rule"]["table2"][MEAN]
+    assert targets["mara − best rule ≥ +1.5 points on the mean, CI excluding 0"]["met"] == \
+        (rule["mean"] >= 0.015 and rule["low"] > 0)
+    gap = -report["table2_comparisons"][MEAN]["oracle"]["mean"]
+    assert targets["gap to the Oracle bound on the mean ≤ 4.0 points"]["met"] == (gap <= 0.04)
     stress = next(t for name, t in targets.items() if name.startswith("stress"))
     assert stress["met"] is False  # "mara" here is EDF, which scores 0 in the stress scenario
     assert "## Targets" in (written / "report.md").read_text()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -40,17 +39,6 @@ def smoke_config(**overrides: object) -> SchedulerConfig:
     return SMOKE.section(SchedulerConfig, "scheduler", **{"predictor": "wls", **overrides})
 
 
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    """A small local Ray for this module, unless one is already up."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
