@@ -23,7 +23,9 @@ SCHED_FLAGS := $(if $(SEED),--seed $(SEED)) $(if $(BETA),--beta $(BETA)) $(if $(
 # The single-machine Ray head of `make ray-up`: its own ports, temp dir and token under .ray/.
 RAY_DIR   := .ray
 RAY_DASH  ?= 8266
-RAY_GCS   ?= 6390
+# The head's other ports are RAY_PORTS and the next 7: none of Ray's defaults, so a local
+# ray.init() (a training run) or another head on the machine does not collide with it.
+RAY_PORTS ?= 26380
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench mlflow-ui clean ray-up ray-down
@@ -92,9 +94,13 @@ ray-up: setup
 	@if [ -f $(RAY_DIR)/head.pid ] && kill -0 $$(cat $(RAY_DIR)/head.pid) 2>/dev/null; then \
 		echo "Ray head already running (pid $$(cat $(RAY_DIR)/head.pid))"; exit 0; fi; \
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$$(cat $(RAY_DIR)/token) \
-		setsid $(VENV)/bin/ray start --head --block --node-ip-address=127.0.0.1 --port=$(RAY_GCS) \
-		--dashboard-host=127.0.0.1 --dashboard-port=$(RAY_DASH) --disable-usage-stats \
-		--temp-dir=/tmp/mara-ray-$$(id -u) > $(RAY_DIR)/head.log 2>&1 & echo $$! > $(RAY_DIR)/head.pid; \
+		setsid $(VENV)/bin/ray start --head --block --node-ip-address=127.0.0.1 --port=$(RAY_PORTS) \
+		--dashboard-host=127.0.0.1 --dashboard-port=$(RAY_DASH) --ray-client-server-port=$$(($(RAY_PORTS) + 1)) \
+		--dashboard-agent-listen-port=$$(($(RAY_PORTS) + 2)) --dashboard-agent-grpc-port=$$(($(RAY_PORTS) + 3)) \
+		--runtime-env-agent-port=$$(($(RAY_PORTS) + 4)) --metrics-export-port=$$(($(RAY_PORTS) + 5)) \
+		--node-manager-port=$$(($(RAY_PORTS) + 6)) --object-manager-port=$$(($(RAY_PORTS) + 7)) \
+		--disable-usage-stats --temp-dir=/tmp/mara-ray-$$(id -u) > $(RAY_DIR)/head.log 2>&1 & \
+		echo $$! > $(RAY_DIR)/head.pid; \
 	echo "Ray head starting (pid $$(cat $(RAY_DIR)/head.pid), log $(RAY_DIR)/head.log). Then:"; \
 	echo "  export RAY_ADDRESS=http://127.0.0.1:$(RAY_DASH) RAY_AUTH_MODE=token RAY_AUTH_TOKEN=\$$(cat $(RAY_DIR)/token)"
 

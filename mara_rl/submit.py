@@ -33,6 +33,7 @@ UPLOAD_EXCLUDES = [
     "__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", ".stamps", "/mlartifacts", "/.ray",
 ]
 REACH_TIMEOUT_S = 5.0
+AGENT_WAIT_S = 90.0  # how long a freshly started head may take to accept jobs
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -78,15 +79,21 @@ def submit_training(train_argv: list[str], address: str | None = None, wait: boo
     check_reachable(mlflow_uri or tracking_uri())
     client = JobSubmissionClient(address, headers=auth_headers())
     entrypoint = "python -m mara_rl.cli train-scheduler " + shlex.join(train_argv)
-    job_id = client.submit_job(
-        entrypoint=entrypoint,
-        runtime_env={
-            "working_dir": str(PROJECT_ROOT),
-            "excludes": UPLOAD_EXCLUDES,
-            "env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri or tracking_uri(), "PYTHONUNBUFFERED": "1"},
-        },
-        metadata={"project": "mara", "stage": "scheduler", "argv": shlex.join(train_argv)},
-    )
+    job = {"entrypoint": entrypoint,
+           "runtime_env": {"working_dir": str(PROJECT_ROOT), "excludes": UPLOAD_EXCLUDES,
+                           "env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri or tracking_uri(),
+                                        "PYTHONUNBUFFERED": "1"}},
+           "metadata": {"project": "mara", "stage": "scheduler", "argv": shlex.join(train_argv)}}
+    # A head that has just started answers before its job agent is up: wait for the agent.
+    ready_by = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            job_id = client.submit_job(**job)
+            break
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > ready_by:
+                raise
+            time.sleep(poll_s)
     if not wait:
         return job_id, str(client.get_job_status(job_id).value)
     deadline, shown = time.monotonic() + timeout_s, 0
