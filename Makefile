@@ -7,7 +7,7 @@ MARA    := $(VENV)/bin/mara
 BANK    := data/banks/$(PROFILE).parquet
 FM      := artifacts/predictor/$(PROFILE)/predictor
 # Scheduler settings default to the profile's [scheduler]; these override the common ones
-# (every setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
+# (every [scheduler] setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
 # PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation, SEED=N another seed,
 # IMITATION=N the warm start's episodes (0: PPO from a random MAT), TEACHER=..., DAGGER=R.
 SEED      ?=

@@ -71,5 +71,7 @@ class Profile:
     def section(self, cls: type[T], section: str, **overrides: Any) -> T:
         """Dataclass `cls` from this profile's `[section]` plus keyword overrides (None = keep)."""
         values = self.values(section)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return make_config(cls, values, where=f"{self.path} [{section}]")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        values.update(given)
+        where = f"{self.path} [{section}]" + (f" with {sorted(given)} given" if given else "")
+        return make_config(cls, values, where=where)

@@ -19,6 +19,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from mara_common.config import check_settings, setting
+from mara_common.profile import Profile
 from mara_fm.bank import load_bank, save_bank
 from mara_fm.families import FAMILIES
 from mara_fm.predictors import WARMUP_POINTS
@@ -132,3 +133,10 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path
 def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:
     path = Path(path)
     return path if path.exists() else build_bank(cfg, path, progress)
+
+
+def profile_bank(profile: Profile, path: str | Path | None = None, build: bool = True) -> Path:
+    """`path` if given; else the profile's bank, built first if it is missing and `build`."""
+    if path:
+        return Path(path)
+    return ensure_bank(profile.section(BankConfig, "bank"), profile.paths.bank) if build else profile.paths.bank

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mara_fm.build_bank import BankConfig, build_bank, ensure_bank
+from mara_fm.build_bank import BankConfig, build_bank, profile_bank
 from mara_fm.eval_predictor import EVAL_FILE, markdown_table, run_eval
 from mara_fm.train_predictor import train_predictor
 
@@ -29,7 +29,7 @@ def cmd_train_predictor(args: argparse.Namespace) -> None:
 
 def cmd_eval_predictor(args: argparse.Namespace) -> None:
     paths = args.profile.paths
-    bank = Path(args.bank) if args.bank else ensure_bank(args.profile.section(BankConfig, "bank"), paths.bank)
+    bank = profile_bank(args.profile, args.bank)
     out = Path(args.out) if args.out else paths.predictor_report
     records = run_eval(args.predictor_path or paths.predictor, bank, out, tracking=not args.no_mlflow)
     print(markdown_table(records))
@@ -41,7 +41,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser("curves", parents=[common], help="build the curve bank from real training runs")
     p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet)")
     p.add_argument("--workers", type=int, help="processes (default: one per core)")
-    p.set_defaults(func=cmd_curves, outputs=("out",))
+    p.set_defaults(func=cmd_curves, output_files=("out",))
 
     p = subparsers.add_parser("train-predictor", parents=[common],
                               help="train and export the FM predictor (stage one)")

@@ -64,7 +64,7 @@ class PredictorConfig:
     weight_decay: float = 1e-4
     max_epochs: int = 100
     grad_clip: float = 1.0
-    # sampling (fm_predictor.py); train_predictor picks (samples, euler_steps) on ID val
+    # sampling (predictors/fm.py); train_predictor picks (samples, euler_steps) on ID val
     samples: int = 8  # M
     euler_steps: int = 4
     sampler_seed: int = 0

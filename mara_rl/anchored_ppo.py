@@ -4,7 +4,7 @@ A warm-started MAT begins as a close copy of LARA-FM. Plain PPO from there
 drifts: with normalised advantages that are mostly noise, pushing down a
 near-certain choice moves more probability than pushing it up can, so the
 entropy climbs and the greedy policy loses what imitation taught (docs/history.md,
-"Fine-tuning from the warm start"). The anchor adds, per sampled state,
+"Training recipes on the current workload"). The anchor adds, per sampled state,
 
     anchor_coeff · Σ_i KL( π_ref(· | s, a_<i) ‖ π(· | s, a_<i) ),
 

@@ -13,11 +13,12 @@ import tempfile
 from pathlib import Path
 
 from mara_common.config import ConfigError
+from mara_common.paths import normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import check_reachable, tracking_uri
 from mara_env.env import EnvConfig
 from mara_fm import commands as predictor_commands
-from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.build_bank import profile_bank
 from mara_rl import pipeline, scheduler_commands
 from mara_rl.bench import run_bench
 from mara_rl.evaluate import EvalConfig, evaluate, markdown_table
@@ -43,11 +44,11 @@ def _loads(text: str) -> list[float]:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     profile: Profile = args.profile
-    bank = Path(args.bank) if args.bank else ensure_bank(profile.section(BankConfig, "bank"), profile.paths.bank)
+    bank = profile_bank(profile, args.bank)
     env_cfg = profile.section(EnvConfig, "env", bank=str(bank))
     eval_cfg = profile.section(EvalConfig, "evaluation", roots=args.roots, episodes_per_root=args.episodes,
                                split=args.split)
-    available = builtin_methods(args.fm, env_cfg.view_options)
+    available = builtin_methods(normal_path(args.fm) if args.fm else None, env_cfg.view_options)
     names = list(dict.fromkeys(_csv(args.methods)))
     for (name, seed), path in parse_policies(args.policies).items():
         key = name if seed is None else f"{name}@{seed}"
@@ -66,7 +67,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     profile: Profile = args.profile
-    bank = Path(args.bank) if args.bank else ensure_bank(profile.section(BankConfig, "bank"), profile.paths.bank)
+    bank = profile_bank(profile, args.bank)
     env_cfg = profile.section(EnvConfig, "env", bank=str(bank), split="test")
     sched = scheduler_config(profile, predictor="fm" if args.fm else "wls", fm_path=args.fm)
     training = None if args.skip_training else (sched, training_env(sched, profile, bank))
@@ -75,13 +76,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Every output path the command was given can be written, before any work starts."""
-    for name in getattr(args, "outputs", ()):
+    """Every output path the command was given can be written, before any work starts
+    (`outputs`: the flags naming a folder; `output_files`: those naming a file)."""
+    named = [(name, False) for name in getattr(args, "outputs", ())]
+    named += [(name, True) for name in getattr(args, "output_files", ())]
+    for name, is_file in named:
         value = getattr(args, name, None)
         if not value:
             continue
         path = Path(value)
-        folder = path.parent if path.suffix else path
+        folder = path.parent if is_file else path
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         args.profile = Profile.load(args.profile)
         check_outputs(args)
         if args.command not in UNTRACKED and not getattr(args, "no_mlflow", False):
-            check_reachable(tracking_uri())  # before the work, not after it
+            check_reachable(getattr(args, "mlflow_uri", None) or tracking_uri())  # before the work
         args.func(args)
     except KeyboardInterrupt:
         print(f"mara {args.command}: interrupted (a rerun resumes where it can)", file=sys.stderr)

@@ -30,13 +30,12 @@ from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import BankConfig, ensure_bank
 from mara_fm.eval_predictor import run_eval
-from mara_fm.predictors import predictor_digest
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import EvalConfig, evaluate
 from mara_rl.methods import BUILTIN, VARIANTS, Variant, builtin_methods, learned, parse_policies
 from mara_rl.policy import POLICY_SPEC
 from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
-from mara_rl.run_state import load_state, policy_dir, settings_changed
+from mara_rl.run_state import load_state, policy_dir, run_inputs, settings_changed
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
 from mara_rl.train_scheduler import train
 
@@ -101,13 +100,17 @@ def scheduler_stage(profile: Profile, variant: Variant, seed: int) -> Stage:
 
     def check() -> None:
         env_cfg = training_env(cfg, profile, bank)
-        changed = settings_changed(load_state(out), cfg, env_cfg, predictor_digest(env_cfg.predictor))
+        changed = settings_changed(load_state(out), cfg, env_cfg, run_inputs(env_cfg))
         if changed:
-            raise ConfigError(f"{out} was trained with other settings than this code and profile give "
-                              f"({', '.join(changed)}): move it aside (or delete it) to retrain it")
+            raise ConfigError(f"{out} was trained with other settings or inputs than this code and profile "
+                              f"give ({', '.join(changed)}): move it aside (or delete it) to retrain it")
 
-    inputs = (bank, profile.paths.predictor / "config.json") if cfg.predictor == "fm" else (bank,)
-    return Stage(f"scheduler {variant.name} seed {seed}", policy_dir(out) / POLICY_SPEC, run, inputs, check)
+    def covers() -> bool:  # trained as far as the profile now asks (a resume continues it)
+        return load_state(out).get("iteration", -1) >= cfg.iterations
+
+    # Its inputs are compared by content (`check`), not by time: a bank rebuilt identically
+    # leaves the run valid.
+    return Stage(f"scheduler {variant.name} seed {seed}", policy_dir(out) / POLICY_SPEC, run, (), check, covers)
 
 
 def trained_policies(profile: Profile) -> dict[tuple[str, int], Path]:
@@ -199,7 +202,11 @@ def evaluate_all(profile: Profile, cfg: PipelineConfig = PipelineConfig(),
         raise FileNotFoundError("no trained policy for " + "; ".join(missing)
                                 + " — train it (`make train-scheduler`, see README) or run `make reproduce`")
     for (name, seed), path in (extra or {}).items():
-        policies[(name, 0 if seed is None else seed)] = Path(path) / POLICY_SPEC
+        key = (name, 0 if seed is None else seed)
+        if key in policies:
+            raise ConfigError(f"--policies {name}{'' if seed is None else f'@{seed}'}: the pipeline already "
+                              f"evaluates {name} seed {key[1]} ({policies[key].parent}); name another seed")
+        policies[key] = Path(path) / POLICY_SPEC
     for stage in evaluation_stages(profile, cfg, policies):
         stage.run()
 

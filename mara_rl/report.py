@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mara_common.config import ConfigError
 from mara_common.paths import README
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
@@ -73,7 +74,15 @@ class Scores:
 
 
 def load_records(paths: Sequence[str | Path]) -> list[Record]:
-    return [Record(**r) for p in paths for r in json.loads(Path(p).read_text())]
+    """Every record of the `results.json` files, naming a file that is not one."""
+    records = []
+    for path in paths:
+        try:
+            records += [Record(**r) for r in json.loads(Path(path).read_text())]
+        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{path}: not a results file of `mara evaluate` ({exc}); "
+                              "evaluate again to rewrite it") from None
+    return records
 
 
 def method_names(records: list[Record]) -> list[str]:
@@ -156,7 +165,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
     main = {col: scope_rows("default", cfg.main_load, sets) for col, sets in main_scopes.items()}
     table2 = {m: {col: main[col][m].summary() for col in main if m in main[col]} for m in methods}
     # Methods trained with several seeds, seed by seed: is a difference larger than the seed spread?
-    seeds = {m: sorted({s for rows in main.values() if m in rows for s in rows[m].roots}, key=str) for m in methods}
+    seeds = {m: sorted({s for rows in main.values() if m in rows for s in rows[m].roots}, key=lambda s: -1 if s is None else s) for m in methods}
     table2_seeds = {m: {str(s): {col: float(np.mean(rows[m].roots[s])) for col, rows in main.items()
                                  if m in rows and s in rows[m].roots} for s in seeds[m]}
                     for m in methods if len(seeds[m]) > 1}

@@ -16,7 +16,7 @@ from mara_common.flags import add_flags, overrides, to_argv
 from mara_common.paths import PROFILE_DIR, normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import ensure_experiment
-from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.build_bank import profile_bank
 from mara_fm.predictors import predictor_digest
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
 from mara_rl.submit import check_cluster, submit_training
@@ -34,12 +34,7 @@ def planned_run(args: argparse.Namespace, build_bank: bool) -> tuple[SchedulerCo
     """(settings, bank, run folder) of the command, every input checked."""
     profile: Profile = args.profile
     cfg = scheduler_config(profile, **overrides(args, SchedulerConfig))
-    if args.bank:
-        bank = Path(args.bank)
-    elif build_bank:
-        bank = ensure_bank(profile.section(BankConfig, "bank"), profile.paths.bank)
-    else:
-        bank = profile.paths.bank
+    bank = profile_bank(profile, args.bank, build=build_bank)
     if not bank.exists():
         raise FileNotFoundError(f"{bank}: bank file not found (build it with `make curves PROFILE={profile.name}`)")
     predictor_digest(cfg.predictor_spec())  # an FM run needs its exported predictor now, not an hour in
@@ -59,9 +54,10 @@ def cmd_submit(args: argparse.Namespace) -> None:
     named = profile.path.parent.resolve() == PROFILE_DIR.resolve()
     argv = ["--profile", profile.name if named else normal_path(profile.path), "--bank", normal_path(bank),
             "--out", normal_path(out), "--run-name", args.run_name or out.name,
-            *(["--fresh"] if args.fresh else []), *to_argv(overrides(args, SchedulerConfig))]
-    if cfg.predictor == "fm":
-        argv += ["--fm-path", cfg.fm_path]
+            *(["--fresh"] if args.fresh else [])]
+    # The settings given, with the predictor's path in its normal form (the job runs elsewhere).
+    given = {k: v for k, v in overrides(args, SchedulerConfig).items() if k != "fm_path"}
+    argv += to_argv({**given, **({"fm_path": cfg.fm_path} if cfg.predictor == "fm" else {})})
     job_id, status = submit_training(argv, address=address, wait=args.wait, timeout_s=args.timeout,
                                      mlflow_uri=args.mlflow_uri)
     print(f"job {job_id}: {status}")

@@ -55,7 +55,8 @@ class SchedulerConfig:
     imitation_epochs: int = setting(20, ge=1)
     imitation_lr: float = setting(1e-3, gt=0.0)
     imitation_dagger_rounds: int = setting(0, ge=0, label="dagger",
-                                           help="DAgger rounds after imitation (0 = behaviour cloning only)")
+                                           help="DAgger rounds after imitation (0 = behaviour cloning only; "
+                                           "none without imitation)")
     imitation_dagger_epochs: int = setting(10, ge=1)
     anchor_coeff: float = setting(0.0, ge=0.0, label="anchor",
                                   help="KL anchor to the warm-started policy during PPO (0 = plain PPO)")
@@ -78,9 +79,10 @@ class SchedulerConfig:
         check_settings(self)
         # One normal form for the predictor's path, whoever gives it; none without FM.
         self.fm_path = normal_path(self.fm_path) if self.predictor == "fm" and self.fm_path else ""
-        if self.imitation_dagger_rounds > 0 and self.imitation_episodes <= 0:
-            raise ConfigError("imitation_dagger_rounds > 0 continues the imitation warm start: "
-                              "it needs imitation_episodes > 0")
+        # DAgger continues the imitation warm start: without one there is nothing to continue
+        # (so IMITATION=0 needs no DAGGER=0 beside it).
+        if self.imitation_episodes == 0:
+            self.imitation_dagger_rounds = 0
         if self.anchor_coeff > 0 and self.imitation_episodes <= 0:
             raise ConfigError("anchor_coeff > 0 anchors PPO to the warm-started policy: "
                               "it needs imitation_episodes > 0")
@@ -118,10 +120,10 @@ def run_name(profile: Profile, cfg: SchedulerConfig) -> str:
     for f in dataclasses.fields(SchedulerConfig):
         label = f.metadata.get("label")
         value = getattr(cfg, f.name)
-        if label is None or (f.name != "seed" and value == getattr(base, f.name)):
+        if label is None or f.name == "seed" or value == getattr(base, f.name):
             continue
         parts.append(f"{label}{value:g}" if isinstance(value, float) else f"{label}{value}")
-    return "-".join(parts)
+    return "-".join([*parts, f"seed{cfg.seed}"])
 
 
 def default_out(profile: Profile, cfg: SchedulerConfig) -> Path:

@@ -43,18 +43,20 @@ from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, load_curves, sample_episodes
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
 from mara_env.workload import oracle_successes, stress_episode
-from mara_fm.predictors import predictor_digest
 from mara_rl.anchored_ppo import ANCHOR_KL, AnchoredPPOTorchLearner
 from mara_rl.imitation import demonstrations, imitate, score
 from mara_rl.mat_module import MATModule
 from mara_rl.policy import POLICY_SPEC, act, export_policy, module_spec
 from mara_rl.run_state import (
+    START_OVER,
     best_policy_dir,
     checkpoint_dir,
     commit_checkpoint,
     comparable,
+    is_run_folder,
     load_state,
     policy_dir,
+    run_inputs,
     settings_changed,
     warm_start_dir,
 )
@@ -215,101 +217,108 @@ def train(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, run_name: str
           fresh: bool = False, tags: dict[str, Any] | None = None) -> Path:
     """PPO until `cfg.iterations`; returns the exported policy folder.
 
-    A folder that holds a run continues it, if its settings and predictor are
-    the same (else ConfigError: pass `fresh` to start over).
+    A folder that holds a run continues it, if its settings, bank and predictor
+    are the same (else ConfigError); `fresh` deletes the run first (and refuses a
+    folder that holds anything else).
     """
     out_dir = out_dir.resolve()
-    if fresh:
-        shutil.rmtree(out_dir, ignore_errors=True)
+    if fresh and out_dir.exists():
+        if not is_run_folder(out_dir):
+            raise ConfigError(f"--fresh would delete {out_dir}, which holds more than a scheduler run; "
+                              "choose another --out")
+        shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = load_state(out_dir)
-    digest = predictor_digest(env_cfg.predictor)
-    changed = settings_changed(state, cfg, env_cfg, digest)
+    inputs = run_inputs(env_cfg)
+    changed = settings_changed(state, cfg, env_cfg, inputs)
     if changed:
-        raise ConfigError(f"{out_dir} holds a run with other settings ({', '.join(changed)}); "
-                          "pass --fresh to start over, or another --out")
+        raise ConfigError(f"{out_dir} holds a run with other settings or inputs ({', '.join(changed)}); "
+                          f"{START_OVER}, or choose another --out")
     policy = policy_dir(out_dir)
     if state.get("iteration", -1) >= cfg.iterations and (policy / POLICY_SPEC).exists():
         print(f"{out_dir} is trained to iteration {state['iteration']}: nothing to do")
         return policy
-
+    # Training goes on past an earlier export: that export is not this run's result any more.
+    shutil.rmtree(policy, ignore_errors=True)
     with torch_threads(cfg.torch_threads):
-        return _train_loop(cfg, env_cfg, out_dir, state, run_name, digest, tags or {})
+        return _train_loop(cfg, env_cfg, out_dir, state, run_name, inputs, tags or {})
 
 
 def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: dict[str, Any],
-                run_name: str | None, digest: str, tags: dict[str, Any]) -> Path:
+                run_name: str | None, inputs: dict[str, str], tags: dict[str, Any]) -> Path:
     torch.manual_seed(cfg.seed)
     algo = build_algorithm(cfg, env_cfg, out_dir)
-    if state:
-        algo.restore_from_path(str(checkpoint_dir(out_dir)))
-    # The warm start fits this module from its initial weights: drawn from the run's seed, not
-    # from whatever random state building RLlib's learner left behind.
-    torch.manual_seed(cfg.seed)
-    evaluator = module_spec(env_cfg, cfg.mat).build()
+    try:
+        if state:
+            algo.restore_from_path(str(checkpoint_dir(out_dir)))
+        # The warm start fits this module from its initial weights: drawn from the run's seed, not
+        # from whatever random state building RLlib's learner left behind.
+        torch.manual_seed(cfg.seed)
+        evaluator = module_spec(env_cfg, cfg.mat).build()
 
-    def sync_evaluator() -> MATModule:
-        evaluator.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
-        return evaluator
+        def sync_evaluator() -> MATModule:
+            evaluator.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
+            return evaluator
 
-    best = state.get("best")
+        best = state.get("best")
 
-    def validate(it: int) -> dict[str, float]:
-        """Score the learner's policy on validation episodes; keep it if it is the best yet."""
-        nonlocal best
-        scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
-        if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
-            best = {**scores, "iteration": it}
-            export_policy(evaluator, best_policy_dir(out_dir, it), env_cfg)
-        return {f"val_{k}": v for k, v in scores.items()}
+        def validate(it: int) -> dict[str, float]:
+            """Score the learner's policy on validation episodes; keep it if it is the best yet."""
+            nonlocal best
+            scores = evaluate_policy(sync_evaluator(), env_cfg, cfg.eval_episodes, cfg.eval_seed)
+            if cfg.export_best and (best is None or selection_key(scores) > selection_key(best)):
+                best = {**scores, "iteration": it}
+                export_policy(evaluator, best_policy_dir(out_dir, it), env_cfg)
+            return {f"val_{k}": v for k, v in scores.items()}
 
-    def commit(it: int, steps: float, run_id: str) -> None:
-        """Checkpoint and state in one step; then drop best policies no state refers to."""
-        commit_checkpoint(algo, out_dir, {"iteration": it, "env_steps": steps, "mlflow_run_id": run_id,
-                                          "config": comparable(cfg, env_cfg), "best": best,
-                                          "predictor_digest": digest})
-        for stale in out_dir.glob("best_policy-*"):
-            if best is None or stale != best_policy_dir(out_dir, best["iteration"]):
-                shutil.rmtree(stale)
+        def commit(it: int, steps: float, run_id: str) -> None:
+            """Checkpoint and state in one step; then drop best policies no state refers to."""
+            commit_checkpoint(algo, out_dir, {"iteration": it, "env_steps": steps, "mlflow_run_id": run_id,
+                                              "config": comparable(cfg, env_cfg), "best": best,
+                                              "inputs": inputs})
+            for stale in out_dir.glob("best_policy-*"):
+                if best is None or stale != best_policy_dir(out_dir, best["iteration"]):
+                    shutil.rmtree(stale)
 
-    tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir, **tags}
-    with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
-        if not state:
-            mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
-                               **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
-            if cfg.imitation_episodes > 0:
-                # The warm-started policy is itself a candidate for export (iteration 0):
-                # PPO's first iterations can undo part of what imitation taught.
-                warm = warm_start(algo, evaluator, cfg, env_cfg, out_dir)
-                if cfg.eval_every > 0:
-                    warm.update(validate(0))
-                commit(0, 0.0, run.info.run_id)
-                mlflow.log_metrics(warm, step=0)
-                print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
-        steps_before = float(state.get("env_steps", 0))
-        while algo.iteration < cfg.iterations:
-            start = time.perf_counter()
-            result = algo.train()
-            seconds = time.perf_counter() - start
-            steps = float(result.get("num_env_steps_sampled_lifetime", steps_before))
-            metrics = iteration_metrics(result, seconds, steps - steps_before)
-            steps_before = steps
-            it = algo.iteration
-            if cfg.eval_every > 0 and (it % cfg.eval_every == 0 or it == cfg.iterations):
-                metrics.update(validate(it))
-            # Logged once the iteration is committed: a crash before that redoes it, unlogged.
-            commit(it, steps, run.info.run_id)
-            mlflow.log_metrics(metrics, step=it)
-            print(f"iteration {it}/{cfg.iterations}: "
-                  + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())), flush=True)
-        policy = policy_dir(out_dir)
-        if best is not None:
-            shutil.rmtree(policy, ignore_errors=True)
-            shutil.copytree(best_policy_dir(out_dir, best["iteration"]), policy)
-            mlflow.set_tags({"exported_iteration": best["iteration"]})
-            mlflow.log_metrics({f"exported_val_{k}": v for k, v in best.items() if k != "iteration"})
-        else:
-            export_policy(sync_evaluator(), policy, env_cfg)
-        mlflow.log_artifacts(str(policy), artifact_path="policy")
-    algo.stop()
-    return policy
+        tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir, **tags}
+        with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
+            if not state:
+                mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
+                                   **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
+                if cfg.imitation_episodes > 0:
+                    # The warm-started policy is itself a candidate for export (iteration 0):
+                    # PPO's first iterations can undo part of what imitation taught.
+                    warm = warm_start(algo, evaluator, cfg, env_cfg, out_dir)
+                    if cfg.eval_every > 0:
+                        warm.update(validate(0))
+                    commit(0, 0.0, run.info.run_id)
+                    mlflow.log_metrics(warm, step=0)
+                    print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
+            steps_before = float(state.get("env_steps", 0))
+            while algo.iteration < cfg.iterations:
+                start = time.perf_counter()
+                result = algo.train()
+                seconds = time.perf_counter() - start
+                steps = float(result.get("num_env_steps_sampled_lifetime", steps_before))
+                metrics = iteration_metrics(result, seconds, steps - steps_before)
+                steps_before = steps
+                it = algo.iteration
+                if cfg.eval_every > 0 and (it % cfg.eval_every == 0 or it == cfg.iterations):
+                    metrics.update(validate(it))
+                # Logged once the iteration is committed: a crash before that redoes it, unlogged.
+                commit(it, steps, run.info.run_id)
+                mlflow.log_metrics(metrics, step=it)
+                print(f"iteration {it}/{cfg.iterations}: "
+                      + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())), flush=True)
+            policy = policy_dir(out_dir)
+            if best is not None:
+                shutil.rmtree(policy, ignore_errors=True)
+                shutil.copytree(best_policy_dir(out_dir, best["iteration"]), policy)
+                mlflow.set_tags({"exported_iteration": best["iteration"]})
+                mlflow.log_metrics({f"exported_val_{k}": v for k, v in best.items() if k != "iteration"})
+            else:
+                export_policy(sync_evaluator(), policy, env_cfg)
+            mlflow.log_artifacts(str(policy), artifact_path="policy")
+        return policy
+    finally:
+        algo.stop()  # its env runners too, also when training fails

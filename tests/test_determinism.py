@@ -39,14 +39,14 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def test_same_seed_same_training(smoke_bank: Path, untrained_fm, mlflow_store: str, tmp_path: Path,
                                  ray_local: None) -> None:
-    fm = f"fm:{untrained_fm.export(tmp_path / 'fm')}"
+    fm_path = untrained_fm.export(tmp_path / "fm")
     cfg = Profile.load("smoke").section(
-        SchedulerConfig, "scheduler", predictor="wls", seed=3, iterations=2, num_env_runners=2,
+        SchedulerConfig, "scheduler", predictor="fm", fm_path=str(fm_path), seed=3, iterations=2, num_env_runners=2,
         num_envs_per_env_runner=2, train_batch_size=400, minibatch_size=200,  # 100 steps per env
         imitation_episodes=2, imitation_teacher="lara_optimistic", imitation_epochs=2,
         imitation_dagger_rounds=1, imitation_dagger_epochs=1, eval_every=1, eval_episodes=4,
         export_best=False)  # export PPO's last policy
-    env_cfg = EnvConfig(bank=str(smoke_bank), predictor=fm, horizon=100, arrival_prob=0.2, burst_prob=0.25,
+    env_cfg = EnvConfig(bank=str(smoke_bank), predictor=cfg.predictor_spec(), horizon=100, arrival_prob=0.2, burst_prob=0.25,
                         optimistic_quantile=0.15, probe_points=12)
     runs = {"a": cfg, "b": cfg, "other": SchedulerConfig(**{**vars(cfg), "seed": 4})}
     policies = {name: train(c, env_cfg, tmp_path / name, run_name=name) for name, c in runs.items()}

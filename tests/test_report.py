@@ -48,7 +48,7 @@ from mara_rl.report import (
     scores,
     write_report,
 )
-from mara_rl.run_state import STATE_FILE, comparable
+from mara_rl.run_state import STATE_FILE, comparable, run_inputs
 from mara_rl.scheduler_config import training_env
 from mara_rl.stats import difference_matrix, hierarchical_bootstrap, mean_std
 
@@ -323,28 +323,34 @@ def test_stages_with_current_outputs_are_skipped(tmp_path: Path) -> None:
     assert ran == ["outdated", "new"]
 
 
-def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: Path) -> None:
-    """A run trained under another workload (here: the window basis) is named, not reused."""
+def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: Path, smoke_bank: Path) -> None:
+    """A run trained under another workload (here: the window basis) is named, not reused; one
+    trained for fewer iterations than the profile now asks is continued."""
     path = tmp_path / f"stale_run_{os.getpid()}.toml"  # its runs go to artifacts/scheduler/<stem>-…
     path.write_text((PROFILE_DIR / "smoke.toml").read_text())
     profile, variant = Profile.load(path), VARIANTS[1]
     stage = scheduler_stage(profile, variant, seed=0)
     run_dir = stage.output.parent.parent
     cfg = variant_config(profile, variant, seed=0)
-    stored = comparable(cfg, training_env(cfg, profile, profile.paths.bank))
     state_file = run_dir / "checkpoint" / STATE_FILE
     try:
+        shutil.copyfile(smoke_bank, profile.paths.bank)
+        env_cfg = training_env(cfg, profile, profile.paths.bank)
+        stored = {"config": comparable(cfg, env_cfg), "iteration": cfg.iterations, "inputs": run_inputs(env_cfg)}
         stage.output.parent.mkdir(parents=True)
         stage.output.write_text("{}")
         state_file.parent.mkdir()
-        state_file.write_text(json.dumps({"config": stored, "iteration": 1}))
+        state_file.write_text(json.dumps(stored))
         assert stage.done()  # the same settings: reused
-        stored["env"]["workload"]["window_basis"] = "target"
-        state_file.write_text(json.dumps({"config": stored, "iteration": 1}))
-        with pytest.raises(ConfigError, match=r"env\.workload.*move it aside"):
+        state_file.write_text(json.dumps({**stored, "iteration": cfg.iterations - 1}))
+        assert not stage.done()  # trained for fewer iterations than asked: continued
+        stored["config"]["env.workload.window_basis"] = "target"
+        state_file.write_text(json.dumps(stored))
+        with pytest.raises(ConfigError, match=r"env\.workload\.window_basis.*move it aside"):
             stage.done()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+        profile.paths.bank.unlink(missing_ok=True)
 
 
 def test_an_evaluation_missing_a_method_is_run_again(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from mara_rl.mat_module import MATConfig, MATModule
 from mara_rl.methods import VARIANTS, learned
 from mara_rl.pipeline import variant_config
 from mara_rl.policy import act, export_policy, load_policy, module_spec, policy_env
-from mara_rl.run_state import STATE_FILE, load_state, warm_start_dir
+from mara_rl.run_state import STATE_FILE, load_state, run_inputs, settings_changed, warm_start_dir
 from mara_rl.scheduler_commands import add_train_arguments
 from mara_rl.scheduler_config import SchedulerConfig, default_out, run_name, scheduler_config
 from mara_rl.train_scheduler import EXPERIMENT, build_algorithm, selection_key, train, warm_start
@@ -93,10 +93,24 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     # A predictor whose files changed since the run began (retrained in place) is refused too.
     state_file = out / "checkpoint" / STATE_FILE
     stored = json.loads(state_file.read_text())
-    state_file.write_text(json.dumps({**stored, "predictor_digest": "0" * 16}))
-    with pytest.raises(ConfigError, match="files of predictor"):
-        train(dataclasses.replace(cfg, iterations=4), env_cfg, out)
+    for name in ("predictor", "bank"):  # so is a bank rebuilt with other curves at the same path
+        state_file.write_text(json.dumps({**stored, "inputs": {**stored["inputs"], name: "0" * 16}}))
+        with pytest.raises(ConfigError, match=f"content of its {name}"):
+            train(dataclasses.replace(cfg, iterations=4), env_cfg, out)
+    # A setting added to the code since the run counts as unchanged while at its default.
+    added = {**stored, "config": {k: v for k, v in stored["config"].items() if k != "env.workload.fit_horizon"}}
+    assert len(added["config"]) == len(stored["config"]) - 1
+    state_file.write_text(json.dumps(added))
+    assert settings_changed(load_state(out), cfg, env_cfg, run_inputs(env_cfg)) == []
+    changed = dataclasses.replace(env_cfg, workload=dataclasses.replace(env_cfg.workload, fit_horizon=False))
+    assert settings_changed(load_state(out), cfg, changed, run_inputs(env_cfg)) == ["env.workload.fit_horizon"]
     state_file.write_text(json.dumps(stored))
+    # --fresh deletes a run folder, never a folder holding anything else.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds more than a scheduler run"):
+        train(cfg, env_cfg, tmp_path / "notes", fresh=True)
+    assert (tmp_path / "notes" / "keep.txt").exists()
 
     module = load_policy(policy)
     env = MultiNodeEnv(dataclasses.replace(env_cfg, split="test", strict=True))
@@ -146,15 +160,15 @@ def test_flags_come_from_the_config_and_name_the_run_folder() -> None:
     cfg = scheduler_config(SMOKE, **overrides(parse("--predictor", "wls", "--seed", "2"), SchedulerConfig))
     assert run_name(SMOKE, cfg) == "smoke-wls-seed2"
     cfg = scheduler_config(SMOKE, imitation_teacher="lara", imitation_dagger_rounds=2, beta=0.0)
-    assert run_name(SMOKE, cfg) == "smoke-beta0-seed0-lara-dagger2"
+    assert run_name(SMOKE, cfg) == "smoke-beta0-lara-dagger2-seed0"
     with pytest.raises(SystemExit):  # argparse names the choices
         parse("--imitation-teacher", "coin")
     with pytest.raises(ConfigError, match="imitation_teacher must be one of"):
         scheduler_config(SMOKE, imitation_teacher="coin")
     with pytest.raises(ConfigError, match="imitation_dagger_rounds must be >= 0"):
         scheduler_config(SMOKE, imitation_dagger_rounds=-1)
-    with pytest.raises(ConfigError, match="needs imitation_episodes > 0"):
-        scheduler_config(SMOKE, imitation_episodes=0, imitation_dagger_rounds=1)
+    # DAgger continues imitation: without imitation there is none (IMITATION=0 alone works).
+    assert scheduler_config(SMOKE, imitation_episodes=0, imitation_dagger_rounds=1).imitation_dagger_rounds == 0
     for bad in ({"beta": float("nan")}, {"iterations": -1}, {"lr": 0.0}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             scheduler_config(SMOKE, **bad)

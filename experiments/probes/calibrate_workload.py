@@ -98,7 +98,7 @@ def format_row(row: dict) -> str:
 
 
 def band_summary(rows: list[dict], fit: bool) -> str:
-    """How much room the settings with the Oracle bound in DESIGN's 65–75% band leave."""
+    """How much room the settings with the Oracle bound in docs/design.md's 65–75% band (§3) leave."""
     in_band = [r for r in rows if 65 <= r["oracle"] <= 75]
     what = "Demands sized to the time left" if fit else "Demands not sized to the time left"
     if not in_band:

@@ -1,6 +1,6 @@
 """Probe: where does the teacher's room lie — in the planning or in the forecasts?
 
-Scores three planners on the frozen ID validation episodes — LARA (DESIGN's
+Scores three planners on the frozen ID validation episodes — LARA (docs/design.md §6's
 Moore–Hodgson test, EDF service), `lara_optimistic` (MARA's teacher: the same
 on the optimistic estimate, a never-crossing forecast read as infinite
 demand) and `llf` (the exact N-node feasibility test and least-laxity

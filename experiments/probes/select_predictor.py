@@ -2,8 +2,8 @@
 
 ID validation curves come from the same families as the training curves, so
 they reward fitting those families closely; the OOD sets ask for forecasts of
-families the network never saw, and there a closer fit did worse (README,
-stage one). This script holds two ID families out of training
+families the network never saw, and there a closer fit did worse
+(docs/decisions.md, "Predictor"). This script holds two ID families out of training
 (`PredictorConfig.heldout_families`; their train and val curves become the
 validation set, their test curves stay unused), trains every candidate on
 the remaining six, and reads the held-out capped MAE after the *last* epoch,
@@ -39,8 +39,8 @@ from mara_common.tracking import tracking_uri
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.train_predictor import train_predictor
 
-# Held out: the two ID families whose cumulative averages rise most often (README,
-# stage one), the property that sets the DQN TD losses apart from every ID family.
+# Held out: the two ID families whose cumulative averages rise most often
+# (docs/decisions.md), the property that sets the DQN TD losses apart from every ID family.
 HELDOUT = ("mlp_diabetes", "logreg_cancer")
 NETWORKS = {"default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
             "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
