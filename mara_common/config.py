@@ -2,21 +2,26 @@
 
 A config is a dataclass whose fields may be declared with `setting(...)`,
 which records the setting's bounds, choices and help text beside its
-default. `check_settings` enforces them (call it from `__post_init__`),
-`make_config` builds a config from plain values (a profile section, command
-line overrides), checking names and types and recursing into nested
-configs, and `mara_common.flags` derives command-line flags from the same
-fields.
+default. `check_settings` enforces them; `check_config` (call it from
+`__post_init__` of a config also built from keyword arguments) first checks
+every field against its type hint, then the settings. `make_config` builds a
+config from plain values (a profile section, command line overrides),
+checking names and types and recursing into nested configs. Both check a
+value against a type by the same rules (`check_value`), and
+`mara_common.flags` derives command-line flags from the same fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import types
 import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -71,66 +76,102 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    """`value` as type `tp` (int, float, str, bool, tuples, optionals, nested configs)."""
+def check_value(tp: Any, value: Any, where: str) -> Any:
+    """`value` checked against the declared type `tp`, as that type; ConfigError naming `where`
+    otherwise. The one set of rules for `make_config` and `check_config`:
+
+    - int: an integer (numpy's too, stored as int), never a bool or a float;
+    - float: a finite number (ints and numpy numbers too, stored as float), never a bool;
+    - bool: true or false only (numpy's too, stored as bool); str: a string;
+    - `X | None`: None or an X (with several types, the first that fits);
+    - tuples and lists: a list or tuple, stored as a tuple, each item checked against the
+      item type; `tuple[int, int]` also fixes the length (`tuple[int, ...]` does not);
+    - a nested config (dataclass): an instance, or a dict of its settings (`make_config`);
+    - anything else (a Predictor object, Any) is passed through.
+    """
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None and len(args) < len(typing.get_args(tp)):
             return None
         errors = []
         for arg in args:
-            if arg is type(None):
-                continue
             try:
-                return _coerce(arg, value, where)
+                return check_value(arg, value, where)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if len(errors) == 1 else
-                          f"{where}={value!r} fits none of {[a for a in args if a is not type(None)]}")
+                          f"{where} must be a {' or '.join(getattr(a, '__name__', str(a)) for a in args)}, got {value!r}")
     if origin in (tuple, list) or tp in (tuple, list):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}={value!r} should be a list, got {type(value).__name__}")
-        inner = typing.get_args(tp)
-        item = inner[0] if inner else Any
-        return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        items = typing.get_args(tp)
+        if origin is tuple and items and items[-1] is not Ellipsis:  # tuple[int, int]: a fixed length
+            if len(value) != len(items):
+                raise ConfigError(f"{where} must be a list of {len(items)} values, got {value!r}")
+        else:  # tuple[int, ...], list[int], tuple, list
+            items = (items[0] if items else Any,) * len(value)
+        checked = tuple(check_value(item, v, f"{where}[{i}]") for i, (item, v) in enumerate(zip(items, value, strict=True)))
+        return value if type(value) is tuple and all(c is v for c, v in zip(checked, value, strict=True)) else checked
     if _is_dataclass_type(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(f"{where} should be a table of {tp.__name__} settings, got {value!r}")
+            raise ConfigError(f"{where} must be a {tp.__name__} or a table of its settings, got {value!r}")
         return make_config(tp, value, where)
     if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}={value!r} should be true or false, got {type(value).__name__}")
-        return value
+        if not isinstance(value, bool | np.bool_):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return bool(value)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}={value!r} should be an integer, got {type(value).__name__}")
-        return value
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value if type(value) is int else int(value)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}={value!r} should be a number, got {type(value).__name__}")
-        return float(value)
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        try:
+            number = value if type(value) is float else float(value)
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{where} must be a finite number, got {value}")
+        return number
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}={value!r} should be a string, got {type(value).__name__}")
+            raise ConfigError(f"{where} must be a string, got {value!r}")
         return value
-    return value  # anything else (a Predictor object, Any) is passed through
+    return value
+
+
+def check_config(obj: Any) -> None:
+    """Check a config dataclass where it is built (call it from `__post_init__`; configs are
+    also built directly from keyword arguments): each field's value against its type hint
+    (`check_value`; a converted value — an int given for a float, a list for a tuple, a dict
+    for a nested config — is stored in its place, in frozen configs too), then the bounds and
+    choices of its `setting` declarations (`check_settings`). Raises ConfigError naming the
+    first field that does not fit, as `<Class>.<field>`."""
+    name, types_ = type(obj).__name__, field_types(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        checked = check_value(types_[f.name], value, f"{name}.{f.name}")
+        if checked is not value:
+            object.__setattr__(obj, f.name, checked)  # frozen configs too
+    check_settings(obj)
 
 
 def make_config(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
     """Instantiate dataclass `cls` from plain values, naming unknown keys, wrong types and
-    values outside their bounds (`where` says which file and section they came from)."""
+    values outside their bounds (`where` says which file and section they came from).
+    Each value is checked and converted by `check_value`, as `check_config` does."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown} for {cls.__name__}; known: {sorted(fields)}")
     types_ = field_types(cls)
-    coerced = {name: _coerce(types_[name], value, f"{where}: {name}") for name, value in values.items()}
+    checked = {name: check_value(types_[name], value, f"{where}: {cls.__name__}.{name}")
+               for name, value in values.items()}
     try:
-        return cls(**coerced)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        return cls(**checked)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{where}: {exc}") from None

@@ -4,9 +4,11 @@ The default store is an embedded SQLite file at the project root
 (`mlflow.db`), with artifacts under `mlartifacts/`; any
 `MLFLOW_TRACKING_URI` (an `mlflow server`, another database) takes
 precedence, so runs from every stage land side by side. Experiments are
-created here, explicitly: with the project's artifact folder on a local
-store (a Ray job running from a temporary copy of the project must not
-become the place every later run writes to), and marked as model-training
+created here, explicitly: with an artifact folder that follows the store
+(`<dir>/mlartifacts/<experiment>` beside a `sqlite:///<dir>/<file>.db`,
+so a Ray job running from a temporary copy of the project still writes
+where the store is, and a test's private store writes nothing into the
+checkout; a server decides for itself), and marked as model-training
 experiments so that the UI opens on their runs.
 """
 
@@ -18,13 +20,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from mara_common.config import ConfigError
 from mara_common.paths import PROJECT_ROOT
 
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
-ARTIFACT_ROOT = PROJECT_ROOT / "mlartifacts"
+ARTIFACT_ROOT = PROJECT_ROOT / "mlartifacts"  # the default store's (see `artifact_root`)
 # The UI opens an experiment of this kind on its runs table, not on GenAI traces.
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 REACH_TIMEOUT_S = 5.0
@@ -49,9 +52,22 @@ def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
                           "start it or point MLFLOW_TRACKING_URI elsewhere") from None
 
 
+def artifact_root(uri: str) -> Path | None:
+    """Where the experiments of store `uri` keep their artifacts: `<dir>/mlartifacts` beside a
+    `sqlite:///<dir>/<file>.db` (`ARTIFACT_ROOT` for the default store), None (the server's
+    choice) for a tracking server, `ARTIFACT_ROOT` for any other store."""
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    if uri.startswith("sqlite:///"):
+        db = uri.removeprefix("sqlite:///").split("?", 1)[0]
+        if db and db != ":memory:":
+            return Path(db).expanduser().resolve().parent / "mlartifacts"
+    return ARTIFACT_ROOT
+
+
 def ensure_experiment(name: str, uri: str | None = None) -> str:
     """The id of experiment `name` in store `uri` (default: the configured one), created with
-    the project's artifact folder (local stores) and the model-training kind if it does not
+    the store's artifact folder (`artifact_root`) and the model-training kind if it does not
     exist yet."""
     import mlflow
 
@@ -63,8 +79,8 @@ def ensure_experiment(name: str, uri: str | None = None) -> str:
         if found.tags.get(KIND_TAG) != KIND:
             client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
         return found.experiment_id
-    local = not uri.startswith(("http://", "https://", "databricks"))
-    location = (ARTIFACT_ROOT / name).as_uri() if local else None
+    root = artifact_root(uri)
+    location = (root / name).as_uri() if root is not None else None
     return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: KIND})
 
 

@@ -19,14 +19,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from mara_common.config import setting
+from mara_common.config import check_config, setting
 from mara_common.paths import ProjectPaths
 from mara_env.workload import (
     BurstConfig,
     Episode,
     WorkloadConfig,
     add_burst,
-    check_config,
     curve_rows,
     family_reference,
     sample_episode,
@@ -78,11 +77,8 @@ class EnvConfig:
                                        help="observations before a task's forecast counts (>= the warm-up)")
 
     def __post_init__(self) -> None:
-        """Every count, share and range checked here, naming the field (ConfigError, a ValueError)."""
-        if isinstance(self.workload, dict):
-            self.workload = WorkloadConfig(**self.workload)
-        if isinstance(self.burst, dict):
-            self.burst = BurstConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.burst.items()})
+        """Every count, share and range checked here, naming the field (ConfigError, a ValueError);
+        `workload` and `burst` may be given as dicts of their settings."""
         check_config(self)
 
     @classmethod

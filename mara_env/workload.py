@@ -37,66 +37,16 @@ episodes are saved once and replayed by every method.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import numbers
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mara_common.config import ConfigError, check_settings, field_types, setting
+from mara_common.config import ConfigError, check_config, setting
 from mara_fm.bank import CurveSet
 from mara_fm.predictors import first_crossing
-
-
-def _check_value(tp: Any, value: Any, where: str) -> Any:
-    """`value` checked against the declared type `tp` (lists become tuples); ConfigError naming
-    `where` otherwise. An int takes no bool and no float, a float takes no bool and must be
-    finite, a bool takes only a bool; other types (str, objects) are left to their users."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None and len(args) < len(typing.get_args(tp)):
-            return None
-        return _check_value(args[0], value, where) if len(args) == 1 else value
-    if origin is tuple:
-        items = typing.get_args(tp)
-        if not isinstance(value, tuple | list) or len(value) != len(items):
-            raise ConfigError(f"{where} must be a pair (lo, hi), got {value!r}")
-        return tuple(_check_value(item, v, where) for item, v in zip(items, value, strict=True))
-    if tp is bool:
-        if not isinstance(value, bool | np.bool_):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-    elif tp is int:
-        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-    elif tp is float:
-        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{where} must be a finite number, got {value}")
-    elif isinstance(tp, type) and dataclasses.is_dataclass(tp) and not isinstance(value, tp):
-        raise ConfigError(f"{where} must be a {tp.__name__} (or a table of its settings), got {value!r}")
-    return value
-
-
-def check_config(obj: Any) -> None:
-    """Check a config dataclass where it is built: each field against its declared type
-    (see `_check_value`; pairs given as lists are stored as tuples), then the bounds and
-    choices of its `setting` declarations (`check_settings`). Raises ConfigError naming
-    the first field that does not fit."""
-    name = type(obj).__name__
-    for f_name, tp in field_types(type(obj)).items():
-        value = getattr(obj, f_name)
-        checked = _check_value(tp, value, f"{name}.{f_name}")
-        if checked is not value:
-            object.__setattr__(obj, f_name, checked)  # frozen configs too
-    check_settings(obj)
 
 
 def check_pair(obj: Any, field: str, *, ge: float | None = None, gt: float | None = None,

@@ -23,6 +23,8 @@ from mara_env.vector import BatchDecide
 from mara_rl.policy import act, load_policy, policy_env
 
 KINDS = ("rule", "reference", "bound")
+VIEWS = ("none", "quantile", "profile")
+PREDICTORS = ("wls", "oracle", "fm")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ class MethodSpec:
     view: str = "none"
     kind: str = "rule"
     help: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name, known in (("kind", KINDS), ("view", VIEWS), ("predictor", PREDICTORS)):
+            value = getattr(self, field_name)
+            if value not in known:
+                raise ValueError(f"method {self.name!r}: {field_name} must be one of {list(known)}, got {value!r}")
 
     def needs(self) -> list[str]:
         """What the profile or the command must provide for this method to run."""

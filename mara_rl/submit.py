@@ -26,13 +26,12 @@ from ray.job_submission import JobSubmissionClient
 
 from mara_common.config import ConfigError
 from mara_common.paths import PROJECT_ROOT
-from mara_common.tracking import check_reachable, tracking_uri
+from mara_common.tracking import REACH_TIMEOUT_S, check_reachable, tracking_uri
 
 UPLOAD_EXCLUDES = [
     ".git", "/.venv", "/data", "/artifacts", "/reports", "/mlruns", "/mlflow.db", "*.egg-info",
-    "__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", ".stamps", "/mlartifacts", "/.ray",
+    "__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", "/mlartifacts", "/.ray",
 ]
-REACH_TIMEOUT_S = 5.0
 AGENT_WAIT_S = 90.0  # how long a freshly started head may take to accept jobs
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -70,20 +69,21 @@ def check_cluster(address: str | None = None, timeout_s: float = REACH_TIMEOUT_S
                           "is the head running (`make ray-up`)?") from None
 
 
-def submit_training(train_argv: list[str], address: str | None = None, wait: bool = False,
+def submit_training(argv: list[str], address: str | None = None, wait: bool = False,
                     timeout_s: float = 24 * 3600.0, poll_s: float = 5.0,
                     mlflow_uri: str | None = None, echo_logs: bool = True) -> tuple[str, str]:
-    """Submit; with `wait`, poll until the job ends (or `timeout_s`). Returns (job id, status)."""
+    """Submit `mara train-scheduler <argv>`; with `wait`, poll until the job ends (or `timeout_s`).
+    Returns (job id, status)."""
 
     address = check_cluster(address)
     check_reachable(mlflow_uri or tracking_uri())
     client = JobSubmissionClient(address, headers=auth_headers())
-    entrypoint = "python -m mara_rl.cli train-scheduler " + shlex.join(train_argv)
+    entrypoint = "python -m mara_rl.cli train-scheduler " + shlex.join(argv)
     job = {"entrypoint": entrypoint,
            "runtime_env": {"working_dir": str(PROJECT_ROOT), "excludes": UPLOAD_EXCLUDES,
                            "env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri or tracking_uri(),
                                         "PYTHONUNBUFFERED": "1"}},
-           "metadata": {"project": "mara", "stage": "scheduler", "argv": shlex.join(train_argv)}}
+           "metadata": {"project": "mara", "stage": "scheduler", "argv": shlex.join(argv)}}
     # A head that has just started answers before its job agent is up: wait for the agent.
     ready_by = time.monotonic() + AGENT_WAIT_S
     while True:

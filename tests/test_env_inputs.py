@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mara_common.config import ConfigError
+from mara_common.config import ConfigError, make_config
 from mara_env.allocators import ALLOCATORS
 from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
 from mara_env.vector import replay_in_lockstep
@@ -143,6 +143,44 @@ def test_env_config_accepts_valid_values_unchanged():
     assert cfg.workload == WorkloadConfig(target_lo=10, target_hi=10)
     assert cfg.burst.doomed == (0, 2) and cfg.n_nodes == 3
     assert EnvConfig(**dataclasses.asdict(EnvConfig())) == EnvConfig()  # a config's own values pass
+
+
+@pytest.mark.parametrize("cls, values", [
+    (EnvConfig, {"n_nodes": np.int64(3), "arrival_prob": 0, "beta": np.float32(0.5), "strict": np.True_}),
+    (EnvConfig, {"workload": {"window_lo": 1, "unreachable_margin": [0.5, 0.9]}, "burst": {"delay": [1, 2]}}),
+    (WorkloadConfig, {"unreachable_margin": [0.5, 0.9], "eps_jitter": 0}),
+    (BurstConfig, {"doomed": [np.int32(1), 2]}),
+])
+def test_direct_construction_and_make_config_check_alike(cls, values):
+    """One set of rules: built from keyword arguments or by `make_config`, a config holds the
+    same values of the same types (ints given for floats become floats, numpy numbers Python's,
+    lists tuples, tables nested configs)."""
+    direct, made = cls(**values), make_config(cls, values)
+    assert direct == made
+    for a, b in zip(dataclasses.astuple(direct), dataclasses.astuple(made), strict=True):
+        assert type(a) is type(b)
+    for f in dataclasses.fields(direct):
+        value = getattr(direct, f.name)
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            assert type(value) is type(getattr(cls(), f.name))
+    assert dataclasses.replace(direct) == direct
+
+
+@pytest.mark.parametrize("cls, values, words", [
+    (EnvConfig, {"n_nodes": 7.0}, "EnvConfig.n_nodes must be an integer"),
+    (EnvConfig, {"beta": float("nan")}, "EnvConfig.beta must be a finite number"),
+    (EnvConfig, {"burst": {"short": [True, 3]}}, "BurstConfig.short[0] must be an integer"),
+    (EnvConfig, {"workload": {"target_lo": "a"}}, "WorkloadConfig.target_lo must be an integer"),
+    (EnvConfig, {"burst": {"doomd": [0, 1]}}, "unknown key(s) ['doomd'] for BurstConfig"),
+    (WorkloadConfig, {"unreachable_margin": [0.5, 0.6, 0.7]}, "WorkloadConfig.unreachable_margin must be a list of 2"),
+])
+def test_direct_construction_and_make_config_refuse_alike(cls, values, words):
+    with pytest.raises(ConfigError) as direct:
+        cls(**values)
+    with pytest.raises(ConfigError) as made:
+        make_config(cls, values, where="profile.toml [env]")
+    assert words in str(direct.value) and words in str(made.value)
+    assert str(made.value).startswith("profile.toml [env]: ")
 
 
 @pytest.mark.parametrize("overrides, field", [

@@ -1,23 +1,56 @@
-"""Experiments are created by the project, with the project's artifact folder and kind."""
+"""Experiments are created by the project, with the store's artifact folder and the model-training kind."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 
-from mara_common.tracking import ARTIFACT_ROOT, KIND, KIND_TAG, ensure_experiment, mlflow_run
+from mara_common.tracking import (
+    ARTIFACT_ROOT,
+    DEFAULT_TRACKING_URI,
+    KIND,
+    KIND_TAG,
+    artifact_root,
+    ensure_experiment,
+    mlflow_run,
+)
 
 
-def test_experiment_keeps_the_projects_artifact_folder_whatever_the_cwd(mlflow_store, tmp_path, monkeypatch):
+def test_the_artifact_folder_follows_the_store():
+    assert artifact_root(DEFAULT_TRACKING_URI) == ARTIFACT_ROOT  # the default store: the checkout's folder
+    assert artifact_root("sqlite:////srv/mara/runs.db") == Path("/srv/mara/mlartifacts")
+    assert artifact_root("http://127.0.0.1:5000") is None  # a server decides for itself
+
+
+def test_experiment_keeps_the_stores_artifact_folder_whatever_the_cwd(mlflow_store, tmp_path, monkeypatch):
     """A Ray job runs from a temporary copy of the project: the experiment it creates (or
-    finds) must still keep its artifacts in this checkout's folder, not in that copy."""
-    monkeypatch.chdir(tmp_path)
+    finds) must keep its artifacts beside the store it writes to, not in that copy."""
+    store_dir = Path(mlflow_store.removeprefix("sqlite:///")).parent
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     experiment_id = ensure_experiment("mara-test")
     experiment = mlflow.MlflowClient(mlflow_store).get_experiment(experiment_id)
-    assert experiment.artifact_location == (ARTIFACT_ROOT / "mara-test").as_uri()
+    assert experiment.artifact_location == (store_dir / "mlartifacts" / "mara-test").as_uri()
     assert experiment.tags[KIND_TAG] == KIND
     assert ensure_experiment("mara-test") == experiment_id  # found, not created again
     with mlflow_run("mara-test", "a run") as run:
-        assert run.info.artifact_uri.startswith((ARTIFACT_ROOT / "mara-test").as_uri())
+        assert run.info.artifact_uri.startswith((store_dir / "mlartifacts" / "mara-test").as_uri())
+
+
+def test_a_private_store_writes_nothing_into_the_checkout(mlflow_store, tmp_path):
+    def checkout_files() -> set[Path]:
+        return set(ARTIFACT_ROOT.rglob("*")) if ARTIFACT_ROOT.exists() else set()
+
+    before = checkout_files()
+    note = tmp_path / "note.txt"
+    note.write_text("an artifact")
+    with mlflow_run("mara-private", "a run") as run:
+        mlflow.log_artifact(str(note))
+    assert checkout_files() == before
+    assert not (ARTIFACT_ROOT / "mara-private").exists()
+    assert (tmp_path / "mlartifacts" / "mara-private" / run.info.run_id / "artifacts" / "note.txt").exists()
 
 
 def test_an_older_experiment_is_marked_as_model_training(mlflow_store):
