@@ -20,6 +20,11 @@ walking the curves in id order:
   crossing after n, capped at the horizon; "feasible" means r ≤ W − n.
 FM's sampling settings were chosen on ID val when it was trained
 (`train_predictor.tune_sampling`), never on a test or OOD set.
+
+Calibration (`reliability`, `crps`): besides its point estimate (the median),
+FM's M sampled crossings are scored as a forecast distribution, since the
+simulator's teacher plans on one of their order statistics. WLS, a point
+estimate, is scored as M identical samples so that the two compare.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from mara_fm.predictors import (
 
 EVAL_FILE = "predictor_eval.json"
 LATENCY_BATCH = 256
+SAMPLE_CHUNK = 1024  # queries per FM sampling call in `crossing_samples`
+DEFAULT_SAMPLES = 8  # M for point predictors when no sampling predictor is evaluated
 ENV_CALL_BATCH = 7  # prefix updates per simulator step at most (one per node)
 
 
@@ -140,6 +147,86 @@ def score(pred: np.ndarray, q: Queries) -> dict:
     }
 
 
+def crossing_samples(pred: Predictor, q: Queries, samples: int,
+                     point: np.ndarray | None = None) -> np.ndarray:
+    """(Q, M) each query's sampled remaining batches, ascending, in [0, horizon].
+
+    A predictor with `sorted_crossings` (FM) gives its M sampled crossings (a
+    path that never crosses sits at the horizon), computed `SAMPLE_CHUNK`
+    queries at a time; every query is past warm-up and above ε, so the
+    `remaining_batches` rules change nothing but the clip applied here. Any
+    other predictor is a point estimate: `point` (or its `remaining_batches`)
+    repeated `samples` times.
+    """
+    if hasattr(pred, "sorted_crossings"):
+        parts = []
+        for start in range(0, len(q), SAMPLE_CHUNK):
+            sub = q.subset(np.arange(start, min(start + SAMPLE_CHUNK, len(q))))
+            parts.append(pred.sorted_crossings(sub.hist, sub.eps, sub.horizon))
+        out = np.concatenate(parts)
+    else:
+        if point is None:
+            point = pred.remaining_batches(q.hist, q.eps, q.horizon)
+        out = np.repeat(np.asarray(point, np.float64)[:, None], samples, axis=1)
+    return np.clip(out, 0.0, q.horizon[:, None])
+
+
+def reliability(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(M,) for k = 1..M the share of queries whose truth lies below the k-th smallest sample.
+
+    For a calibrated sampler (truth and samples exchangeable) the share is
+    k/(M+1). Truth and samples must share one cap (the horizon): a path that
+    never crosses and a truth that never crosses both read h, which says only
+    that both lie at or beyond h, not which is smaller.
+
+    Ties, the capped ones above all, are broken at random and the expectation
+    is taken: with a samples strictly below the truth and t equal to it, the
+    truth's rank among the samples is uniform on a..a+t, so query i counts
+    clip((k − a)/(t + 1), 0, 1) at k. A single tie (t = 1) is the half weight;
+    with t tied samples the weights are 1/(t+1), …, t/(t+1), which keeps a
+    calibrated sampler at k/(M+1) exactly even when many of its paths and the
+    truth are capped (a flat half per tie does not: it reads 1/2 for every
+    capped order statistic). Capped-truth queries are kept, not excluded:
+    dropping them would select on the outcome (a calibrated sampler would look
+    too slow on what remains), and they are the infeasible tasks a planner
+    must recognise.
+    """
+    samples = np.asarray(samples, np.float64)
+    truth = np.asarray(truth, np.float64)[:, None]
+    below = (samples < truth).sum(axis=1, keepdims=True)
+    tied = (samples == truth).sum(axis=1, keepdims=True)
+    k = np.arange(1, samples.shape[1] + 1)[None, :]
+    return np.clip((k - below) / (tied + 1), 0.0, 1.0).mean(axis=0)
+
+
+def calibration_max_dev(shares: np.ndarray) -> float:
+    """Largest |observed − k/(M+1)| over k = 1..M."""
+    shares = np.asarray(shares, np.float64)
+    nominal = np.arange(1, len(shares) + 1) / (len(shares) + 1)
+    return float(np.abs(shares - nominal).max())
+
+
+def crps(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(Q,) the sample CRPS mean_i |x_i − y| − (1/(2M²)) Σ_ij |x_i − x_j| of each query.
+
+    Σ_ij |x_i − x_j| = 2 Σ_i (2i − M − 1)·x_(i) over the ascending x_(i), so
+    this is O(M) per query. M identical samples give |x − y|. With samples and
+    truth capped at the horizon it is the CRPS of the censored demand, still a
+    proper score, in batches like the capped MAE.
+    """
+    x = np.sort(np.asarray(samples, np.float64), axis=1)
+    m = x.shape[1]
+    spread = x @ (2 * np.arange(1, m + 1) - m - 1) / m**2  # (1/(2M²)) Σ_ij |x_i − x_j|
+    return np.abs(x - np.asarray(truth, np.float64)[:, None]).mean(axis=1) - spread
+
+
+def calibration(samples: np.ndarray, q: Queries) -> dict:
+    """Reliability curve, its largest deviation and the mean CRPS of sampled crossings."""
+    shares = reliability(samples, q.truth)
+    return {"reliability": [float(v) for v in shares], "calibration_max_dev": calibration_max_dev(shares),
+            "crps": float(crps(samples, q.truth).mean())}
+
+
 def call_ms(pred: Predictor, q: Queries, batch: int, repeats: int = 30) -> float:
     """Median wall time (ms) of one `remaining_batches` call on `batch` prefixes."""
     sub = q.subset(np.arange(batch) % len(q))
@@ -169,13 +256,20 @@ def bank_query_sets(frame, cfg: QueryConfig) -> dict[str, tuple[CurveSet, Querie
 
 def evaluate(predictors: dict[str, Predictor], query_sets: dict[str, tuple[CurveSet, Queries]],
              timing: bool = True) -> list[dict]:
-    """One record per (predictor, task set); FM records carry the change vs WLS."""
+    """One record per (predictor, task set); FM records carry the change vs WLS.
+
+    Calibration uses M = the sample count of the first sampling predictor
+    (FM), `DEFAULT_SAMPLES` without one; point predictors repeat their estimate M times.
+    """
+    m = next((p.cfg.samples for p in predictors.values() if hasattr(p, "sorted_crossings")),
+             DEFAULT_SAMPLES)
     records = []
     for task_set, (_, q) in query_sets.items():
         by_name = {}
         for name, pred in predictors.items():
-            rec = {"task_set": task_set, "predictor": name,
-                   **score(pred.remaining_batches(q.hist, q.eps, q.horizon), q)}
+            point = pred.remaining_batches(q.hist, q.eps, q.horizon)
+            rec = {"task_set": task_set, "predictor": name, **score(point, q),
+                   **calibration(crossing_samples(pred, q, m, point), q)}
             if timing:
                 rec["ms_per_prefix"] = call_ms(pred, q, LATENCY_BATCH) / LATENCY_BATCH
                 rec["ms_per_call_7"] = call_ms(pred, q, ENV_CALL_BATCH)
@@ -191,14 +285,18 @@ def evaluate(predictors: dict[str, Predictor], query_sets: dict[str, tuple[Curve
 
 
 def markdown_table(records: list[dict]) -> str:
-    lines = ["| task set | predictor | queries | capped MAE | vs WLS | budget acc. | ms/prefix (256) | ms/call (7) |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The predictor table; records written before calibration was scored show "—" there."""
+    lines = ["| task set | predictor | queries | capped MAE | vs WLS | budget acc. | ms/prefix (256) "
+             "| ms/call (7) | CRPS | max calib. dev. |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         change = f"{-100 * r['mae_reduction_vs_wls']:+.1f}%" if "mae_reduction_vs_wls" in r else "—"
+        crps_cell = f"{r['crps']:.2f}" if "crps" in r else "—"
+        dev_cell = f"{r['calibration_max_dev']:.3f}" if "calibration_max_dev" in r else "—"
         lines.append(
             f"| {r['task_set']} | {r['predictor']} | {r['n_queries']} | {r['capped_mae']:.2f} | {change} "
             f"| {100 * r['budget_accuracy']:.1f}% | {r.get('ms_per_prefix', float('nan')):.4f} "
-            f"| {r.get('ms_per_call_7', float('nan')):.3f} |"
+            f"| {r.get('ms_per_call_7', float('nan')):.3f} | {crps_cell} | {dev_cell} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -212,6 +310,23 @@ def plot_mae_by_rank(records: list[dict], path: Path) -> Path:
             ax.plot(range(1, len(vals) + 1), vals, marker="o", label=r["predictor"])
         ax.set(title=task_set, xlabel="query rank (prefix position in budget)", ylabel="capped MAE (batches)")
         ax.legend()
+    return save_figure(fig, path)
+
+
+def plot_reliability(records: list[dict], path: Path) -> Path:
+    """Observed share below the k-th smallest sample against nominal k/(M+1), one panel per task set."""
+    sets = sorted({r["task_set"] for r in records})
+    fig, axes = plt.subplots(1, len(sets), figsize=(3.8 * len(sets), 3.6), squeeze=False)
+    for ax, task_set in zip(axes[0], sets, strict=True):
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated")
+        for r in (r for r in records if r["task_set"] == task_set and "reliability" in r):
+            m = len(r["reliability"])
+            nominal = np.arange(1, m + 1) / (m + 1)
+            ax.plot(nominal, r["reliability"], marker="o", ms=3,
+                    label=f"{r['predictor']} (CRPS {r['crps']:.1f}, max dev {r['calibration_max_dev']:.2f})")
+        ax.set(title=task_set, xlabel="nominal k/(M+1)", ylabel="observed P(r* < k-th sample)",
+               xlim=(0, 1), ylim=(0, 1), aspect="equal")
+        ax.legend(fontsize=7, loc="upper left")
     return save_figure(fig, path)
 
 
@@ -270,6 +385,7 @@ def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path |
     (out_dir / EVAL_FILE).write_text(json.dumps(records, indent=1))
     (out_dir / "predictor_eval.md").write_text(markdown_table(records))
     plot_mae_by_rank(records, out_dir / "mae_by_rank.png")
+    plot_reliability(records, out_dir / "reliability.png")
     first = "id" if "id" in query_sets else next(iter(query_sets))
     plot_forecast(fm, wls, *query_sets[first], out_dir / "forecast_example.png")
     if tracking:
@@ -284,7 +400,7 @@ def _log_eval(records: list[dict], out_dir: Path, settings: dict) -> None:
         for r in records:
             prefix = f"{r['task_set']}.{r['predictor']}"
             for key in ("capped_mae", "budget_accuracy", "ms_per_prefix", "ms_per_call_7",
-                        "mae_reduction_vs_wls", "accuracy_gain_vs_wls"):
+                        "mae_reduction_vs_wls", "accuracy_gain_vs_wls", "crps", "calibration_max_dev"):
                 if key in r:
                     mlflow.log_metric(f"{prefix}.{key}", r[key])
         mlflow.log_artifacts(str(out_dir), "predictor_eval")

@@ -69,15 +69,21 @@ def test_eval_command_writes_report(trained, smoke_bank, tmp_path):
     records = json.loads((tmp_path / "predictor_eval.json").read_text())
     assert {(r["task_set"], r["predictor"]) for r in records} == {
         (t, p) for t in ("id", "rl_ood", "vit_ood") for p in ("fm", "wls")}
+    m = next(r["samples"] for r in records if r["predictor"] == "fm")
     for r in records:
         assert r["n_queries"] > 0 and r["ms_per_prefix"] > 0 and len(r["mae_by_rank"]) == 8
+        shares = r["reliability"]
+        assert len(shares) == m and 0 <= shares[0] and shares[-1] <= 1
+        assert all(a <= b for a, b in zip(shares, shares[1:], strict=False))
+        assert r["crps"] >= 0 and 0 <= r["calibration_max_dev"] <= 1
     assert all("mae_reduction_vs_wls" in r for r in records if r["predictor"] == "fm")
-    for name in ("predictor_eval.md", "forecast_example.png", "mae_by_rank.png"):
+    for name in ("predictor_eval.md", "forecast_example.png", "mae_by_rank.png", "reliability.png"):
         assert (tmp_path / name).stat().st_size > 0
     import mlflow
 
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], filter_string="tags.stage = 'eval'")
     assert len(runs) == 1 and "metrics.id.fm.capped_mae" in runs.columns
+    assert {"metrics.id.fm.crps", "metrics.vit_ood.wls.calibration_max_dev"} <= set(runs.columns)
 
 
 def test_train_command_parses_overrides():
