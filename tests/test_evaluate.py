@@ -17,7 +17,7 @@ from mara_rl.evaluate import (
     pooled_episodes,
     slack_bands,
 )
-from mara_rl.methods import builtin_methods, parse_policies
+from mara_rl.methods import MethodSpec, builtin_methods, parse_policies
 
 
 def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflow_store):
@@ -138,3 +138,9 @@ def test_completion_by_slack_accounts_for_every_success(smoke_bank):
     flags[ep][infeasible[0] - sizes[ep]] = True
     with pytest.raises(AssertionError, match="beyond its own dedicated-node bound"):
         completion_by_slack(episodes, flags, curves)
+
+
+@pytest.mark.parametrize("bad", [{"kind": "baseline"}, {"view": "all"}, {"predictor": "fm:/x"}])
+def test_a_registry_entry_is_checked(bad):
+    with pytest.raises(ValueError, match="method 'x'"):
+        MethodSpec(**{"name": "x", "allocator": "edf", "predictor": "wls", **bad})

@@ -42,7 +42,7 @@ def smoke_config(**overrides: object) -> SchedulerConfig:
 
 
 def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
-                                        ray_local: None) -> None:
+                                        ray_local: None, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = smoke_config(train_batch_size=200, minibatch_size=100, eval_episodes=2, imitation_episodes=1,
                        imitation_epochs=1, imitation_dagger_rounds=1, imitation_dagger_epochs=1)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
@@ -111,6 +111,16 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     with pytest.raises(ConfigError, match="holds more than a scheduler run"):
         train(cfg, env_cfg, tmp_path / "notes", fresh=True)
     assert (tmp_path / "notes" / "keep.txt").exists()
+
+    # Resumed under another MLflow store (a job logging elsewhere), training goes on in a new run
+    # there that names the one it continues.
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    policy = train(dataclasses.replace(cfg, iterations=4), env_cfg, out)
+    (moved,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
+    assert moved.info.run_id != run.info.run_id and moved.data.tags["resumed_from_run"] == run.info.run_id
+    assert [m.step for m in mlflow.MlflowClient(other).get_metric_history(moved.info.run_id, "policy_loss")] == [4]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
 
     module = load_policy(policy)
     env = MultiNodeEnv(dataclasses.replace(env_cfg, split="test", strict=True))
