@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,17 +85,20 @@ def _run_chunk(args: tuple[list[tuple[str, int, str]], BankConfig, str]) -> tupl
     return out, len(chunk)
 
 
-def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:
-    """Build (or finish building) the bank at `path`; returns the path."""
+def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: bool = False) -> Path:
+    """Build (or finish building) the bank at `path`; returns the path. `fresh` discards the
+    finished chunks of an earlier build first."""
     path = Path(path)
     parts = path.with_suffix(".parts")
+    if fresh:
+        shutil.rmtree(parts, ignore_errors=True)
     parts.mkdir(parents=True, exist_ok=True)
     manifest = parts / "config.json"
     stored = {k: v for k, v in asdict(cfg).items() if k != "workers"}
     if manifest.exists() and json.loads(manifest.read_text()) != stored:
         raise ValueError(
             f"{parts} holds chunks of a bank built with another config "
-            f"({manifest.read_text().strip()}); remove it or choose another output path"
+            f"({manifest.read_text().strip()}); rebuild with `mara curves --fresh`, or choose another --out"
         )
     manifest.write_text(json.dumps(stored))
 

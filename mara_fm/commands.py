@@ -17,7 +17,8 @@ from mara_fm.train_predictor import train_predictor
 
 def cmd_curves(args: argparse.Namespace) -> None:
     cfg = args.profile.section(BankConfig, "bank", workers=args.workers)
-    path = build_bank(cfg, Path(args.out) if args.out else args.profile.paths.bank, progress=True)
+    path = build_bank(cfg, Path(args.out) if args.out else args.profile.paths.bank, progress=True,
+                      fresh=args.fresh)
     print(f"bank written: {path}")
 
 
@@ -41,6 +42,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser("curves", parents=[common], help="build the curve bank from real training runs")
     p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet)")
     p.add_argument("--workers", type=int, help="processes (default: one per core)")
+    p.add_argument("--fresh", action="store_true", help="discard the chunks of an earlier build first")
     p.set_defaults(func=cmd_curves, output_files=("out",))
 
     p = subparsers.add_parser("train-predictor", parents=[common],

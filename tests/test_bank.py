@@ -72,6 +72,12 @@ def test_build_resumes_without_redoing_finished_chunks(tmp_path):
     assert parts[0].stat().st_mtime_ns == kept
     pd.testing.assert_frame_equal(first, load_bank(path))
     assert len(first) == len(plan(cfg))
+    # Chunks of another config are refused, not mixed in; --fresh discards them.
+    other = BankConfig(curves_per_id_family=1, curves_per_ood_set=2, cap=20, workers=1, seed=1)
+    with pytest.raises(ValueError, match="another config.*--fresh"):
+        build_bank(other, path, progress=False)
+    build_bank(other, path, progress=False, fresh=True)
+    assert not load_bank(path)["losses"].map(tuple).equals(first["losses"].map(tuple))
 
 
 def test_save_bank_rejects_bad_frames(smoke_bank, tmp_path):
