@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from mara_common.config import check_settings, setting
+from mara_common.config import check_config, setting
 from mara_common.profile import Profile
 from mara_fm.bank import load_bank, save_bank
 from mara_fm.families import FAMILIES
@@ -40,7 +40,7 @@ class BankConfig:
     workers: int = setting(0, ge=0, help="processes (0 = one per core)")
 
     def __post_init__(self) -> None:
-        check_settings(self)
+        check_config(self)
 
 
 def curve_seed(root: int, family: str, index: int) -> int:

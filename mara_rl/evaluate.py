@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mara_common.config import check_settings, setting
+from mara_common.config import check_config, setting
 from mara_common.paths import EPISODE_DIR
 from mara_common.threads import torch_threads
 from mara_common.tracking import mlflow_run
@@ -66,7 +66,7 @@ class EvalConfig:
     scheduler_seeds: tuple[int, ...] = setting((0,), help="training seeds of each learned variant")
 
     def __post_init__(self) -> None:
-        check_settings(self)
+        check_config(self)
         if not self.scheduler_seeds or min(self.scheduler_seeds) < 0 or \
                 len(set(self.scheduler_seeds)) != len(self.scheduler_seeds):
             raise ValueError(f"scheduler_seeds must list distinct seeds >= 0, got {list(self.scheduler_seeds)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mara_common.config import ConfigError, check_settings, setting
+from mara_common.config import ConfigError, check_config, setting
 from mara_common.paths import SCHEDULER_RUNS, normal_path
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
@@ -76,7 +76,7 @@ class SchedulerConfig:
     export_best: bool = setting(True, help="export the best validated policy, not the last")
 
     def __post_init__(self) -> None:
-        check_settings(self)
+        check_config(self)
         # One normal form for the predictor's path, whoever gives it; none without FM.
         self.fm_path = normal_path(self.fm_path) if self.predictor == "fm" and self.fm_path else ""
         # DAgger continues the imitation warm start: without one there is nothing to continue
