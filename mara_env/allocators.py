@@ -23,6 +23,23 @@ def joint_action(slots: list[int], n_nodes: int) -> np.ndarray:
     return action
 
 
+def placed_action(slots: list[int], view: SlotView) -> np.ndarray:
+    """The first N of `slots` (in priority order) placed on nodes: with the cluster options on,
+    a chosen task keeps the node that served it at the last step (no restore), and the others
+    take the free nodes fastest first, in priority order; otherwise `joint_action`."""
+    if view.node_slot is None:
+        return joint_action(slots, view.n_nodes)
+    chosen = slots[:view.n_nodes]
+    action = np.zeros(view.n_nodes, np.int64)
+    holder = {s: i for i, s in enumerate(view.node_slot.tolist()) if s >= 0}
+    free = sorted((i for i in range(view.n_nodes) if view.node_slot[i] not in chosen),
+                  key=lambda i: (-view.speeds[i], i))
+    for s in chosen:
+        node = holder[s] if s in holder else free.pop(0)
+        action[node] = s + 1
+    return action
+
+
 class Allocator(ABC):
     name: str
 
@@ -68,6 +85,8 @@ class LARA(Allocator):
     """
 
     name = "lara"
+    # Aware of the cluster (speeds, restores): off for the paper's LARA.
+    aware = False
 
     def estimate(self, view: SlotView) -> np.ndarray:
         """The demand the plan reads."""
@@ -77,9 +96,28 @@ class LARA(Allocator):
         """Observations before a task's forecast counts; fewer: served first, EDF."""
         return WARMUP_POINTS
 
-    def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
+    def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, view: SlotView) -> bool:
         """docs/design.md's test, on the task just added (the latest deadline so far)."""
-        return demand[kept].sum() > n_nodes * time_left[kept[-1]]
+        return demand[kept].sum() > self.speed(view) * view.n_nodes * time_left[kept[-1]]
+
+    def speed(self, view: SlotView) -> float:
+        """Batches per node-step the plan counts on: 1, or the mean node speed when aware."""
+        return view.capacity / view.n_nodes if self.aware else 1.0
+
+    def plan_demand(self, view: SlotView) -> np.ndarray:
+        """Batches each task still needs; when aware, plus its pending restore in batches
+        (a paused or moved task restores before it progresses)."""
+        demand = np.maximum(self.estimate(view), 1.0)
+        if not self.aware or view.node_slot is None:
+            return demand
+        running = np.zeros(len(demand), bool)
+        running[view.node_slot[view.node_slot >= 0]] = True
+        pending = np.where(running, view.restore_left, np.where(view.observed > 0, view.restore_cost, 0))
+        return demand + pending * self.speed(view)
+
+    def fastest(self, view: SlotView) -> float:
+        """The most batches per step one task can get: 1, or the fastest node's speed when aware."""
+        return float(view.speeds.max()) if self.aware and view.speeds is not None else 1.0
 
     def service_order(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray) -> list[int]:
         return kept  # already in EDF order
@@ -91,14 +129,15 @@ class LARA(Allocator):
         warm = [s for s in edf if view.observed[s] < first]
         rest = [s for s in edf if view.observed[s] >= first]
         time_left = (view.deadline - view.t).astype(np.float64)
-        demand = np.maximum(self.estimate(view), 1.0)
+        demand = self.plan_demand(view)
         kept: list[int] = []
-        for s in (s for s in rest if demand[s] <= time_left[s]):  # EDF order
+        for s in (s for s in rest if demand[s] <= self.fastest(view) * time_left[s]):  # EDF order
             kept.append(s)
-            if self.overloaded(kept, demand, time_left, view.n_nodes):
+            if self.overloaded(kept, demand, time_left, view):
                 kept.remove(max(kept, key=lambda k: demand[k]))
         leftover = sorted((s for s in rest if s not in kept), key=lambda s: (demand[s] - time_left[s], s))
-        return joint_action(warm + self.service_order(kept, demand, time_left) + leftover, view.n_nodes)
+        order = warm + self.service_order(kept, demand / self.speed(view), time_left) + leftover
+        return placed_action(order, view) if self.aware else joint_action(order, view.n_nodes)
 
 
 class OptimisticLARA(LARA):
@@ -118,6 +157,7 @@ class OptimisticLARA(LARA):
     """
 
     name = "lara_optimistic"
+    aware = True
 
     def estimate(self, view: SlotView) -> np.ndarray:
         if view.optimistic is None:
@@ -160,11 +200,9 @@ class LeastLaxity(OptimisticLARA):
 
     name = "llf"
 
-    def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> bool:
-        return not can_meet_deadlines(demand[kept], time_left[kept], n_nodes)
+    def overloaded(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray, view: SlotView) -> bool:
+        return not can_meet_deadlines(demand[kept] / self.speed(view), time_left[kept], view.n_nodes)
 
     def service_order(self, kept: list[int], demand: np.ndarray, time_left: np.ndarray) -> list[int]:
         return sorted(kept, key=lambda s: (time_left[s] - demand[s], time_left[s], s))
 
-
-ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in (FIFO, EDF, LARA, OptimisticLARA, LeastLaxity)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gymnasium import spaces
 
 from mara_common.config import check_config, setting
 from mara_common.paths import ProjectPaths
+from mara_env.cluster import ClusterConfig, max_batches_per_step, node_batches
 from mara_env.workload import (
     BurstConfig,
     Episode,
@@ -40,6 +42,10 @@ BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-u
 # The EnvConfig options that add slot features and change what allocators read: a policy runs
 # in an env with the values it was trained with, and each evaluated method names its own.
 VIEW_OPTIONS = ("optimistic_quantile", "probe_points")
+# With `EnvConfig.cluster` enabled: per slot, the restore cost r_k and the restore steps left
+# (each / restore_hi); per node, its speed / the fastest speed and whether it is restoring.
+CLUSTER_SLOT_FEATURES = 2
+NODE_FEATURES = 2
 
 
 @dataclass
@@ -75,6 +81,8 @@ class EnvConfig:
     # None: no such feature, and those allocators judge after the warm-up.
     probe_points: int | None = setting(None, ge=WARMUP_POINTS,
                                        help="observations before a task's forecast counts (>= the warm-up)")
+    # Node speeds and restore costs (docs/design.md §10; `mara_env.cluster`). Off by default.
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         """Every count, share and range checked here, naming the field (ConfigError, a ValueError);
@@ -101,7 +109,13 @@ class EnvConfig:
 
     @property
     def slot_features(self) -> int:
-        return BASE_SLOT_FEATURES + (self.optimistic_quantile is not None) + (self.probe_points is not None)
+        return (BASE_SLOT_FEATURES + (self.optimistic_quantile is not None) + (self.probe_points is not None)
+                + CLUSTER_SLOT_FEATURES * self.cluster.enabled)
+
+    @property
+    def node_features(self) -> int:
+        """Per-node observation features (0: the observation has no node part)."""
+        return NODE_FEATURES * self.cluster.enabled
 
 
 @functools.lru_cache(maxsize=16)
@@ -117,15 +131,20 @@ def load_curves(bank: str | Path, task_set: str, split: str) -> CurveSet:
     return _curves(str(path), path.stat().st_mtime, task_set, split)
 
 
-def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATURES,
+def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATURES, node_features: int = 0,
                 ) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
-    """Observation and action spaces of an env with N nodes, K slots and F features per slot."""
-    obs = spaces.Dict({
+    """Observation and action spaces of an env with N nodes, K slots and F features per slot;
+    with node features, also `nodes` (N, F_node) and `node_last` (N,): the slot each node
+    served at the last step, as an action (0: none, or that task has left)."""
+    parts = {
         "slots": spaces.Box(0.0, 1.0, (n_slots, slot_features), np.float32),
         "globals": spaces.Box(0.0, 1.0, (4,), np.float32),
         "slot_mask": spaces.Box(0, 1, (n_slots,), np.int8),
-    })
-    return obs, spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
+    }
+    if node_features:
+        parts["nodes"] = spaces.Box(0.0, 1.0, (n_nodes, node_features), np.float32)
+        parts["node_last"] = spaces.Box(0, n_slots, (n_nodes,), np.int64)
+    return spaces.Dict(parts), spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
 
 
 def progress_terms(log_first: np.ndarray, log_eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,8 +185,11 @@ class MultiNodeEnv(gym.Env):
         self.predictor = make_predictor(config.predictor)
         self.cap = self.curves.cap
         self.observation_space, self.action_space = make_spaces(config.n_nodes, config.n_slots,
-                                                                config.slot_features)
+                                                                config.slot_features, config.node_features)
+        self.speeds = config.cluster.speeds(config.n_nodes)
+        self.max_batches = max_batches_per_step(self.speeds)
         self.episode: Episode | None = None
+        self.resets = 0  # with id(self), names the episode to allocators that keep state
 
     # ------------------------------------------------------------------ episode
 
@@ -182,6 +204,7 @@ class MultiNodeEnv(gym.Env):
         if episode.horizon != self.cfg.horizon:
             raise ValueError(f"episode horizon {episode.horizon} != env horizon {self.cfg.horizon}")
         self.episode = episode
+        self.resets += 1
         rows = curve_rows(episode, self.curves)
         m = len(episode)
         self.task_rows = rows
@@ -201,12 +224,20 @@ class MultiNodeEnv(gym.Env):
         self.ready_step = np.full(m, -1, np.int64)
         self.q = np.zeros(m)  # progress q_k, 0 until the first observation
         # Per-task slot features; only a served task's change, plus the clock (column 2).
-        self.task_feat = np.zeros((m, self.cfg.slot_features), np.float32)
+        own = self.cfg.slot_features - CLUSTER_SLOT_FEATURES * self.cfg.cluster.enabled  # the rest: observation()
+        self.task_feat = np.zeros((m, own), np.float32)
         self.task_feat[:, 0] = 1.0
         self.task_feat[:, 1] = 1.0  # the remaining cap, normalised
         self.task_feat[:, 2] = self.deadline / self.cap
         if self.cfg.optimistic_quantile is not None:
             self.task_feat[:, BASE_SLOT_FEATURES] = 1.0  # the optimistic estimate starts at the cap too
+        # Cluster state: each task's restore cost, restore steps left, and the node and step
+        # that served it last (-1: never); each node's task at the last step (-1: none).
+        self.restore_cost = self.cfg.cluster.restore_costs(list(episode.curve_ids), episode.arrival)
+        self.restore_left = np.zeros(m, np.int64)
+        self.last_node = np.full(m, -1, np.int64)
+        self.last_step = np.full(m, -1, np.int64)
+        self.node_task = np.full(self.cfg.n_nodes, -1, np.int64)
         self.slot_task = np.full(self.cfg.n_slots, -1, np.int64)
         self.queue: deque[int] = deque()
         self.next_arrival = 0
@@ -256,20 +287,30 @@ class MultiNodeEnv(gym.Env):
         """
         if self.episode is None:
             raise RuntimeError("call reset() before step()")
-        served = self._served_tasks(np.asarray(action))
+        served, nodes = self._served_tasks(np.asarray(action))
         self.busy = len(served)
         succeeded = np.zeros(0, np.int64)
-        if self.busy:
-            n = self.n_obs[served] + 1
+        if self.cfg.cluster.enabled:
+            served = self._serve_on_cluster(served, nodes)  # those that progress, with their batches
+        else:
+            self.batches = np.ones(len(served), np.int64)
+        if len(served):
+            old = self.n_obs[served]
+            n = old.copy()
+            hit = np.zeros(len(served), bool)
+            for j in range(int(self.batches.max())):  # one revealed point at a time, up to the cap
+                going = ~hit & (self.batches > j) & (n < self.cap)
+                n = n + going
+                hit |= going & (self.task_avg[served, np.maximum(n - 1, 0)] <= self.eps[served])
             self.n_obs[served] = n
-            if WARMUP_POINTS in n:
-                ready = served[n == WARMUP_POINTS]
-                self.ready_step[ready] = self.t + 1 - self.arrival[ready]
-            latest = (served, n - 1)
+            ready = served[(old < WARMUP_POINTS) & (n >= WARMUP_POINTS)]
+            self.ready_step[ready] = self.t + 1 - self.arrival[ready]
+            latest = (served, np.maximum(n - 1, 0))
             q = (self.log_first[served] - self.task_log_avg[latest]) * self.q_scale[served] + self.q_offset[served]
             self.q[served] = np.minimum(np.maximum(q, 0.0), 1.0)
-            succeeded = served[self.task_avg[latest] <= self.eps[served]]
+            succeeded = served[hit]
             self.status[succeeded] = SUCCEEDED
+            served = served[n > old]  # a task at its curve's cap reveals nothing new
         expired = self._remove_finished()
         self.stale = served[self.status[served] == ACTIVE]  # finished tasks need no prediction
 
@@ -323,10 +364,27 @@ class MultiNodeEnv(gym.Env):
                 self.status[k] = ACTIVE
         return expired
 
-    def _served_tasks(self, action: np.ndarray) -> np.ndarray:
-        """The tasks a joint action serves. An action outside the action space (not N integers
-        in [0, K]) raises ValueError even when not strict; a pick of an empty slot or of one an
-        earlier node took idles the node (strict: ValueError)."""
+    def _serve_on_cluster(self, served: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """Apply restores and node speeds (`mara_env.cluster`): the served tasks that make
+        progress this step, with their batch counts left in `self.batches`."""
+        t = self.t
+        kept = (self.last_node[served] == nodes) & (self.last_step[served] == t - 1)
+        resumed = (self.last_node[served] >= 0) & ~kept
+        self.restore_left[served[resumed]] = self.restore_cost[served[resumed]]
+        restoring = self.restore_left[served] > 0
+        self.restore_left[served[restoring]] -= 1
+        self.last_node[served], self.last_step[served] = nodes, t
+        self.node_task[:] = -1
+        self.node_task[nodes] = served
+        batches = node_batches(self.speeds, t)[nodes]
+        going = ~restoring & (batches > 0)
+        self.batches = batches[going]
+        return served[going]
+
+    def _served_tasks(self, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tasks a joint action serves, and the nodes serving them. An action outside the
+        action space (not N integers in [0, K]) raises ValueError even when not strict; a pick
+        of an empty slot or of one an earlier node took idles the node (strict: ValueError)."""
         picks = action.reshape(-1)
         if picks.shape != (self.cfg.n_nodes,):
             raise ValueError(self._action_error(f"got shape {action.shape}"))
@@ -338,7 +396,7 @@ class MultiNodeEnv(gym.Env):
             raise ValueError(self._action_error(f"got node {node} -> {picks[node]}"))
         slot_task = self.slot_task.tolist()
         taken: set[int] = set()
-        served = []
+        served, nodes = [], []
         for node, pick in enumerate(picks):
             if pick == 0:
                 continue
@@ -355,7 +413,8 @@ class MultiNodeEnv(gym.Env):
                 continue
             taken.add(slot)
             served.append(slot_task[slot])
-        return np.asarray(served, np.int64)
+            nodes.append(node)
+        return np.asarray(served, np.int64), np.asarray(nodes, np.int64)
 
     def _action_error(self, got: str) -> str:
         n, k = self.cfg.n_nodes, self.cfg.n_slots
@@ -389,12 +448,28 @@ class MultiNodeEnv(gym.Env):
         tasks = self.slot_task[mask]
         feat = self.task_feat[tasks]
         feat[:, 2] = np.maximum(feat[:, 2] - self.t / self.cap, 0.0)  # time to deadline, <= 1 already
+        if self.cfg.cluster.enabled:
+            scale = max(self.cfg.cluster.restore_hi, 1)
+            feat = np.concatenate([feat, np.stack([self.restore_cost[tasks], self.restore_left[tasks]], 1)
+                                   .astype(np.float32) / scale], axis=1)
         slots = np.zeros((k, self.cfg.slot_features), np.float32)
         slots[mask] = feat
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,
                          len(self.queue) / max(self.cfg.queue_size, 1),
                          min(self.t / self.cfg.horizon, 1.0)], np.float32)
-        return {"slots": slots, "globals": glob, "slot_mask": mask.astype(np.int8)}
+        obs = {"slots": slots, "globals": glob, "slot_mask": mask.astype(np.int8)}
+        if self.cfg.cluster.enabled:
+            held = self.node_task >= 0
+            restoring = np.zeros(self.cfg.n_nodes, np.float32)
+            restoring[held] = self.restore_left[self.node_task[held]] > 0
+            obs["nodes"] = np.stack([self.speeds / self.speeds.max(), restoring], 1).astype(np.float32)
+            obs["node_last"] = self.node_slots() + 1
+        return obs
+
+    def node_slots(self) -> np.ndarray:
+        """The slot each node served at the last step, if that task is still in it (else -1)."""
+        slot_of = {k: s for s, k in enumerate(self.slot_task.tolist()) if k >= 0}
+        return np.array([slot_of.get(k, -1) for k in self.node_task.tolist()], np.int64)
 
     def _queue_full(self) -> bool:
         return self.cfg.queue_size > 0 and len(self.queue) >= self.cfg.queue_size
@@ -442,6 +517,10 @@ class MultiNodeEnv(gym.Env):
             observed=per_slot(self.n_obs), predicted=per_slot(self.pred), n_nodes=self.cfg.n_nodes,
             optimistic=per_slot(self.pred_low) if self.cfg.optimistic_quantile is not None else None,
             probe_points=self.cfg.probe_points,
+            speeds=self.speeds, node_slot=self.node_slots() if self.cfg.cluster.enabled else None,
+            restore_cost=per_slot(self.restore_cost), restore_left=per_slot(self.restore_left),
+            task=per_slot(np.arange(len(self.arrival))), env_key=(id(self), self.resets),
+            eps=per_slot(self.eps), losses=lambda s: self.task_avg[tasks[s], :self.n_obs[tasks[s]]],
         )
 
 
@@ -458,6 +537,24 @@ class SlotView:
     n_nodes: int
     optimistic: np.ndarray | None = None  # with EnvConfig.optimistic_quantile only
     probe_points: int | None = None  # EnvConfig.probe_points
+    # The cluster (`EnvConfig.cluster`): node speeds, the slot each node served last (-1: none;
+    # None when the cluster options are off), each slot's restore cost and restore steps left.
+    speeds: np.ndarray | None = None
+    node_slot: np.ndarray | None = None
+    restore_cost: np.ndarray | None = None
+    restore_left: np.ndarray | None = None
+    # Each slot's task index in the episode, and the env's identity: for allocators that keep
+    # state about tasks across steps (admission control).
+    task: np.ndarray | None = None
+    env_key: tuple[int, int] = (0, 0)
+    # Each slot's threshold ε, and its observed cumulative-average losses (a peer fits them).
+    eps: np.ndarray | None = None
+    losses: Callable[[int], np.ndarray] | None = None
+
+    @property
+    def capacity(self) -> float:
+        """Batches the nodes serve per step together (N when every node has speed 1)."""
+        return float(self.speeds.sum()) if self.speeds is not None else float(self.n_nodes)
 
 
 def sample_episodes(config: EnvConfig, count: int, seed: int) -> list[Episode]:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError, check_config, setting
+from mara_env.cluster import steps_alone
 from mara_fm.bank import CurveSet
 from mara_fm.predictors import first_crossing
 
@@ -291,14 +292,16 @@ def true_demand(episode: Episode, curves: CurveSet) -> np.ndarray:
                           np.full(len(rows), curves.cap + 1.0))
 
 
-def slack(episode: Episode, curves: CurveSet) -> np.ndarray:
-    """Per task, its servable steps minus the batches it truly needs (≥ 0: feasible)."""
-    return (episode.deadline - episode.arrival) - true_demand(episode, curves)
+def slack(episode: Episode, curves: CurveSet, speed: float = 1.0) -> np.ndarray:
+    """Per task, its servable steps minus the steps it truly needs alone on a node of
+    `speed` (≥ 0: feasible); at speed 1, the batches it needs."""
+    return (episode.deadline - episode.arrival) - steps_alone(true_demand(episode, curves), episode.arrival, speed)
 
 
-def oracle_successes(episode: Episode, curves: CurveSet) -> int:
-    """Tasks feasible on a dedicated node from arrival: the upper bound."""
-    return int((slack(episode, curves) >= 0).sum())
+def oracle_successes(episode: Episode, curves: CurveSet, speed: float = 1.0) -> int:
+    """Tasks feasible alone on a dedicated node of `speed` (the fastest) from arrival, with
+    no restore: the upper bound."""
+    return int((slack(episode, curves, speed) >= 0).sum())
 
 
 def curve_rows(episode: Episode, curves: CurveSet) -> np.ndarray:

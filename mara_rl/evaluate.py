@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mara_common.config import check_config, setting
+from mara_common.config import ConfigError, check_config, setting
 from mara_common.paths import EPISODE_DIR
 from mara_common.threads import torch_threads
 from mara_common.tracking import mlflow_run
+from mara_env.cluster import ClusterConfig
 from mara_env.env import VIEW_OPTIONS, EnvConfig, load_curves
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import (
@@ -134,9 +135,13 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
     if method.make is None:
         curves = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
         for root_eps in episodes:
-            per_root.append([oracle_successes(e, curves) / max(len(e), 1) for e in root_eps])
+            fastest = float(env_cfg.cluster.speeds(env_cfg.n_nodes).max())
+            per_root.append([oracle_successes(e, curves, fastest) / max(len(e), 1) for e in root_eps])
             tasks += [len(e) for e in root_eps]
         return {"per_root": per_root, "diagnostics": {}, "tasks": tasks}
+    if method.cluster is not None and ClusterConfig(**method.cluster) != env_cfg.cluster:
+        raise ConfigError(f"{method.name}: the policy was trained with cluster options {method.cluster}, "
+                          f"the evaluation runs {asdict(env_cfg.cluster)}; evaluate it in its own profile")
     cfg = EnvConfig(**{**asdict(env_cfg), **dict.fromkeys(VIEW_OPTIONS), **method.view,
                        "predictor": method.predictor, "strict": True})
     flat = [ep for root_eps in episodes for ep in root_eps]

@@ -9,6 +9,11 @@ learned idle embedding), so the joint policy factorises as
 node · key of the slot), which keeps the policy equivariant to how tasks are
 laid out in slots.
 
+With the cluster options on (`EnvConfig.cluster`) the observation also has
+per-node features (speed, restoring) and the slot each node served last:
+node i's decoder input adds an embedding of its features and the
+representation of that slot, so a node can tell the task it holds.
+
 Because the decoder is causal, one teacher-forced pass over a stored joint
 action reproduces exactly the per-node logits the sequential sampling loop
 saw. `_forward_train` returns those logits flattened, and RLlib's
@@ -121,8 +126,8 @@ class _Block(nn.Module):
 class MATModule(TorchRLModule, ValueFunctionAPI):
     """Encoder over slots, autoregressive decoder over nodes, pooled value head.
 
-    Observation: Dict(slots (K, F), globals (G,), slot_mask (K,)); action:
-    MultiDiscrete([K+1] * N), 0 = idle, j = slot j-1.
+    Observation: Dict(slots (K, F), globals (G,), slot_mask (K,)[, nodes (N, F_node),
+    node_last (N,)]); action: MultiDiscrete([K+1] * N), 0 = idle, j = slot j-1.
     """
 
     @override(RLModule)
@@ -146,6 +151,7 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         self.start_token = nn.Parameter(torch.randn(d) * 0.02)
         self.idle_embed = nn.Parameter(torch.randn(d) * 0.02)
         self.node_pos = nn.Parameter(torch.randn(self.n_nodes, d) * 0.02)
+        self.node_embed = nn.Linear(obs["nodes"].shape[1], d) if "nodes" in obs.spaces else None
         self.decoder = nn.ModuleList(_Block(self.cfg, cross=True) for _ in range(self.cfg.n_blocks))
         self.pointer_query = nn.Linear(d, d)
         self.pointer_key = nn.Linear(d, d)
@@ -171,12 +177,20 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
             tokens = block(tokens, exists.unsqueeze(1))
         return tokens, exists
 
+    def _node_inputs(self, obs: dict[str, Tensor], choices: Tensor) -> Tensor:
+        """What each node adds to its decoder input (B, N, D): its position, and with node
+        features their embedding plus the representation of the slot it served last."""
+        if self.node_embed is None:
+            return self.node_pos.expand(choices.shape[0], -1, -1)
+        held = torch.gather(choices, 1, obs["node_last"].long()[..., None].expand(-1, -1, choices.shape[-1]))
+        return self.node_pos + self.node_embed(obs["nodes"].float()) + held
+
     @staticmethod
     def _pool(tokens: Tensor, exists: Tensor) -> Tensor:
         weights = exists.unsqueeze(-1).to(tokens.dtype)
         return (tokens * weights).sum(1) / weights.sum(1)
 
-    def _decode(self, tokens: Tensor, exists: Tensor, actions: Tensor) -> Tensor:
+    def _decode(self, obs: dict[str, Tensor], tokens: Tensor, exists: Tensor, actions: Tensor) -> Tensor:
         """Masked logits (B, N, K+1) of each node given the earlier nodes' `actions`.
 
         Row i depends on actions[:, :i] only (causal), so this one function
@@ -185,7 +199,7 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         b = tokens.shape[0]
         choices = torch.cat([self.idle_embed.expand(b, 1, -1), tokens[:, 1:]], dim=1)
         previous = torch.gather(choices, 1, actions[:, :-1, None].expand(-1, -1, choices.shape[-1]))
-        x = torch.cat([self.start_token.expand(b, 1, -1), previous], dim=1) + self.node_pos
+        x = torch.cat([self.start_token.expand(b, 1, -1), previous], dim=1) + self._node_inputs(obs, choices)
         for block in self.decoder:
             x = block(x, self.causal_mask.unsqueeze(0), tokens, exists.unsqueeze(1))
         logits = self.pointer_query(x) @ self.pointer_key(choices).transpose(1, 2)
@@ -212,12 +226,13 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         keys = self.pointer_key(choices).transpose(1, 2) / math.sqrt(d)
         context_kv = [block.cross_attn.keys_values(tokens) for block in self.decoder]
         context_mask = exists.unsqueeze(1)
+        node_inputs = self._node_inputs(obs, choices)
         caches: list[tuple[Tensor, Tensor] | None] = [None] * len(self.decoder)
         allowed = exists.clone()  # exists[:, 0] doubles as "idle allowed"
         x = self.start_token.expand(b, 1, -1)
         actions, rows = [], []
         for i in range(self.n_nodes):
-            x = x + self.node_pos[i]
+            x = x + node_inputs[:, i:i + 1]
             for j, block in enumerate(self.decoder):
                 x, caches[j] = block.step(x, caches[j], context_kv[j], context_mask)
             if self.cfg.work_conserving:
@@ -251,7 +266,7 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
     @override(RLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Tensor]:
         tokens, exists = self._encode(batch[Columns.OBS])
-        logits = self._decode(tokens, exists, batch[Columns.ACTIONS].long())
+        logits = self._decode(batch[Columns.OBS], tokens, exists, batch[Columns.ACTIONS].long())
         return {Columns.ACTION_DIST_INPUTS: logits.flatten(1),
                 Columns.EMBEDDINGS: self._pool(tokens, exists)}
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError
-from mara_env.allocators import ALLOCATORS
+from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide
 from mara_rl.policy import act, load_policy, policy_env
 
@@ -103,6 +103,8 @@ class Method:
     seed: int | None = None  # scheduler training seed; None for methods that are not trained
     # The env's `VIEW_OPTIONS` the method runs with; those not named are off (the base observation).
     view: dict[str, Any] = field(default_factory=dict)
+    # A policy's `EnvConfig.cluster` (as a dict): the evaluation must run the same.
+    cluster: dict[str, Any] | None = None
 
 
 def classic(name: str) -> Callable[[], BatchDecide]:
@@ -125,7 +127,7 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
         return lambda obs, envs: act(module, obs)
 
     trained_in = policy_env(policy_dir)
-    return Method(name, trained_in.pop("predictor"), make, seed, trained_in)
+    return Method(name, trained_in.pop("predictor"), make, seed, trained_in, trained_in.pop("cluster"))
 
 
 def builtin_methods(fm_path: str | Path | None, view: dict[str, Any]) -> dict[str, Method]:

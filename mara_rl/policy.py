@@ -19,6 +19,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_common.config import ConfigError
+from mara_env.cluster import ClusterConfig
 from mara_env.env import VIEW_OPTIONS, EnvConfig, make_spaces
 from mara_fm.predictors import predictor_digest
 from mara_rl.mat_module import MATConfig, MATModule
@@ -28,7 +29,7 @@ POLICY_WEIGHTS, POLICY_SPEC = "policy.pt", "policy.json"
 
 def module_spec(env_cfg: EnvConfig, mat: MATConfig) -> RLModuleSpec:
     """The RLlib spec of a MAT for `env_cfg`'s spaces."""
-    obs, act_space = make_spaces(env_cfg.n_nodes, env_cfg.n_slots, env_cfg.slot_features)
+    obs, act_space = make_spaces(env_cfg.n_nodes, env_cfg.n_slots, env_cfg.slot_features, env_cfg.node_features)
     return RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                         model_config=asdict(mat))
 
@@ -40,7 +41,7 @@ def export_policy(module: MATModule, path: Path, env_cfg: EnvConfig) -> Path:
     predictor = str(env_cfg.predictor)
     spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg),
             "predictor": predictor, "predictor_digest": predictor_digest(predictor),
-            **env_cfg.view_options}
+            "cluster": asdict(env_cfg.cluster), **env_cfg.view_options}
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
@@ -70,8 +71,8 @@ def load_policy(path: str | Path) -> MATModule:
     """The exported MAT module, in eval mode, on CPU."""
     path = Path(path)
     spec = _read_spec(path)
-    layout = EnvConfig(**_spec_view(spec))
-    obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"], layout.slot_features)
+    layout = EnvConfig(**_spec_view(spec), cluster=spec.get("cluster", {}))
+    obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"], layout.slot_features, layout.node_features)
     module = RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                           model_config=spec["model_config"]).build()
     module.load_state_dict(torch.load(path / POLICY_WEIGHTS, map_location="cpu", weights_only=True))
@@ -89,7 +90,7 @@ def policy_env(path: str | Path) -> dict[str, Any]:
     if trained_with is not None and predictor_digest(predictor) != trained_with:
         raise ConfigError(f"{path}: the predictor {predictor} has changed since this policy was trained "
                           "(its files no longer match); retrain the policy or restore that predictor")
-    return {"predictor": predictor, **_spec_view(spec)}
+    return {"predictor": predictor, "cluster": asdict(ClusterConfig(**spec.get("cluster", {}))), **_spec_view(spec)}
 
 
 def act(module: MATModule, obs: dict[str, np.ndarray]) -> np.ndarray:

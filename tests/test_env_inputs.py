@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mara_common.config import ConfigError, make_config
-from mara_env.allocators import ALLOCATORS
 from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
+from mara_env.registry import ALLOCATORS
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import (
     BurstConfig,

@@ -18,6 +18,7 @@ from mara_common.config import ConfigError
 from mara_common.flags import flag_name, overrides, to_argv
 from mara_common.paths import PROJECT_ROOT
 from mara_common.profile import Profile
+from mara_env.cluster import ClusterConfig
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_rl.anchored_ppo import ANCHOR_KL
 from mara_rl.evaluate import EvalConfig, evaluate
@@ -204,7 +205,8 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     spec = f"fm:{fm_dir}"
     env_cfg = EnvConfig(predictor=spec)
     policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", env_cfg)
-    assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None}
+    assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None,
+                                  "cluster": dataclasses.asdict(ClusterConfig())}
     config = fm_dir / "config.json"
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ConfigError, match="has changed since this policy was trained"):

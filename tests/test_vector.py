@@ -77,7 +77,7 @@ def test_rllib_env_creator_pools_when_asked_for_a_vector_env(smoke_bank):
 
 
 def test_lockstep_replay_matches_playing_each_episode_alone(smoke_bank):
-    from mara_env.allocators import ALLOCATORS
+    from mara_env.registry import ALLOCATORS
 
     cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1, strict=True)
     env = MultiNodeEnv(cfg)
