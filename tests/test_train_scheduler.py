@@ -219,7 +219,8 @@ def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Pat
     env_cfg = EnvConfig(predictor="wls", optimistic_quantile=0.15, probe_points=12, bank=str(smoke_bank))
     trained = module_spec(env_cfg, MATConfig()).build()
     policy = export_policy(trained, tmp_path / "policy", env_cfg)
-    assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15, "probe_points": 12}
+    assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15, "probe_points": 12,
+                                  "cluster": dataclasses.asdict(ClusterConfig())}
     loaded = load_policy(policy)
     assert loaded.slot_embed[0].in_features == 6
     obs, _ = MultiNodeEnv(env_cfg).reset(seed=0)
