@@ -1,11 +1,13 @@
 # MARA: each target builds on the files the previous one writes.
-# PROFILE selects experiments/profiles/<name>.toml (smoke | default | paper).
+# PROFILE selects experiments/profiles/<name>.toml (smoke | default | paper | cluster).
 PROFILE ?= default
 VENV    := .venv
 PY      := $(VENV)/bin/python
 MARA    := $(VENV)/bin/mara
-BANK    := data/banks/$(PROFILE).parquet
-FM      := artifacts/predictor/$(PROFILE)/predictor
+# A profile with `stage_one_from = "<name>"` shares that profile's bank and predictor.
+STAGE_ONE := $(or $(shell sed -n 's/^stage_one_from *= *"\(.*\)"/\1/p' experiments/profiles/$(PROFILE).toml 2>/dev/null),$(PROFILE))
+BANK    := data/banks/$(STAGE_ONE).parquet
+FM      := artifacts/predictor/$(STAGE_ONE)/predictor
 # Scheduler settings default to the profile's [scheduler]; these override the common ones
 # (every [scheduler] setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
 # PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation, SEED=N another seed,

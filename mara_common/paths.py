@@ -20,18 +20,24 @@ README = PROJECT_ROOT / "README.md"
 
 @dataclass(frozen=True)
 class ProjectPaths:
-    """The default files of one profile (`name` is the profile's stem)."""
+    """The default files of one profile (`name` is the profile's stem). Stage one's files
+    (bank, predictor) are those of profile `stage_one` when it is set."""
 
     name: str
+    stage_one: str | None = None
+
+    @property
+    def stage_one_name(self) -> str:
+        return self.stage_one or self.name
 
     @property
     def bank(self) -> Path:
-        return PROJECT_ROOT / "data" / "banks" / f"{self.name}.parquet"
+        return PROJECT_ROOT / "data" / "banks" / f"{self.stage_one_name}.parquet"
 
     @property
     def predictor_run(self) -> Path:
         """`train-predictor`'s folder: checkpoints, the MLflow run id, the export."""
-        return PROJECT_ROOT / "artifacts" / "predictor" / self.name
+        return PROJECT_ROOT / "artifacts" / "predictor" / self.stage_one_name
 
     @property
     def predictor(self) -> Path:
@@ -40,7 +46,7 @@ class ProjectPaths:
 
     @property
     def predictor_report(self) -> Path:
-        return PROJECT_ROOT / "reports" / "predictor" / self.name
+        return PROJECT_ROOT / "reports" / "predictor" / self.stage_one_name
 
     @property
     def predictor_eval(self) -> Path:

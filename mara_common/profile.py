@@ -20,6 +20,10 @@ from mara_common.paths import PROFILE_DIR, ProjectPaths
 T = TypeVar("T")
 # Every section a profile may have; each is read by one stage's config class.
 SECTIONS = ("bank", "predictor", "env", "evaluation", "scheduler")
+STAGE_ONE = ("bank", "predictor")
+# A top-level key: `stage_one_from = "default"` makes a profile share that profile's bank and
+# predictor (their files and their sections), so a scheduler setting needs no stage one of its own.
+SHARED_STAGE_ONE = "stage_one_from"
 
 
 def profile_path(profile: str | Path) -> Path:
@@ -40,6 +44,7 @@ class Profile:
     name: str
     path: Path
     sections: dict[str, dict[str, Any]] = field(repr=False)
+    stage_one: Profile | None = None  # the profile whose bank and predictor this one shares
 
     @classmethod
     def load(cls, profile: str | Path | Profile) -> Profile:
@@ -51,21 +56,29 @@ class Profile:
                 sections = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        shared = sections.pop(SHARED_STAGE_ONE, None)
+        if shared is not None and not isinstance(shared, str):
+            raise ConfigError(f"{path}: {SHARED_STAGE_ONE} should name a profile, got {shared!r}")
+        if shared is not None and set(STAGE_ONE) & set(sections):
+            raise ConfigError(f"{path}: a profile with {SHARED_STAGE_ONE} takes [bank] and [predictor] from "
+                              f"{shared!r}; remove its own {sorted(set(STAGE_ONE) & set(sections))}")
         unknown = sorted(set(sections) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{path}: unknown section(s) {unknown}; known: {list(SECTIONS)}")
         bad = [name for name, body in sections.items() if not isinstance(body, dict)]
         if bad:
             raise ConfigError(f"{path}: {bad} should be [sections], not plain keys")
-        return cls(path.stem, path, sections)
+        return cls(path.stem, path, sections, cls.load(shared) if shared else None)
 
     @property
     def paths(self) -> ProjectPaths:
-        return ProjectPaths(self.name)
+        return ProjectPaths(self.name, self.stage_one.paths.stage_one_name if self.stage_one else None)
 
     def values(self, section: str) -> dict[str, Any]:
         if section not in SECTIONS:
             raise ConfigError(f"no profile section [{section}]; known: {list(SECTIONS)}")
+        if self.stage_one is not None and section in STAGE_ONE:
+            return self.stage_one.values(section)
         return dict(self.sections.get(section, {}))
 
     def section(self, cls: type[T], section: str, **overrides: Any) -> T:

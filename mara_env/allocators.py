@@ -23,10 +23,14 @@ def joint_action(slots: list[int], n_nodes: int) -> np.ndarray:
     return action
 
 
-def placed_action(slots: list[int], view: SlotView) -> np.ndarray:
+def placed_action(slots: list[int], view: SlotView, demand: np.ndarray | None = None) -> np.ndarray:
     """The first N of `slots` (in priority order) placed on nodes: with the cluster options on,
     a chosen task keeps the node that served it at the last step (no restore), and the others
-    take the free nodes fastest first, in priority order; otherwise `joint_action`."""
+    take the free nodes fastest first, in priority order; otherwise `joint_action`.
+
+    With `demand` (batches per slot), a kept task moves to a faster node left idle when the
+    move pays: restore r + d / v_fast < d / v_now steps.
+    """
     if view.node_slot is None:
         return joint_action(slots, view.n_nodes)
     chosen = slots[:view.n_nodes]
@@ -37,6 +41,16 @@ def placed_action(slots: list[int], view: SlotView) -> np.ndarray:
     for s in chosen:
         node = holder[s] if s in holder else free.pop(0)
         action[node] = s + 1
+    if demand is not None:
+        speeds = view.speeds
+        for fast in (i for i in free if action[i] == 0):
+            movable = [i for i in np.flatnonzero(action)
+                       if speeds[i] < speeds[fast] and np.isfinite(demand[action[i] - 1])]
+            gain = {i: demand[action[i] - 1] / speeds[i] - demand[action[i] - 1] / speeds[fast]
+                    - view.restore_cost[action[i] - 1] for i in movable}
+            best = max(gain, key=gain.get, default=None)
+            if best is not None and gain[best] > 0:
+                action[fast], action[best] = action[best], 0
     return action
 
 
@@ -137,7 +151,7 @@ class LARA(Allocator):
                 kept.remove(max(kept, key=lambda k: demand[k]))
         leftover = sorted((s for s in rest if s not in kept), key=lambda s: (demand[s] - time_left[s], s))
         order = warm + self.service_order(kept, demand / self.speed(view), time_left) + leftover
-        return placed_action(order, view) if self.aware else joint_action(order, view.n_nodes)
+        return placed_action(order, view, demand) if self.aware else joint_action(order, view.n_nodes)
 
 
 class OptimisticLARA(LARA):

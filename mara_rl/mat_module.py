@@ -53,7 +53,9 @@ class MATConfig:
     n_blocks: int = 1
     ff_dim: int = 64
     # Mask "idle" for a node while some present slot is still untaken. In this simulator
-    # serving a task costs nothing, so idling beside a waiting task never helps.
+    # serving a task costs nothing, so idling beside a waiting task never helps. With node
+    # features (the cluster options), a node may idle while the nodes after it can still take
+    # every untaken slot: which nodes idle matters when speeds differ and tasks keep their node.
     work_conserving: bool = False
 
     @classmethod
@@ -185,6 +187,12 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         held = torch.gather(choices, 1, obs["node_last"].long()[..., None].expand(-1, -1, choices.shape[-1]))
         return self.node_pos + self.node_embed(obs["nodes"].float()) + held
 
+    def _idle_allowed(self, untaken: Tensor, node: Tensor | int) -> Tensor:
+        """Work conservation for node(s) `node` given the count of present slots still untaken:
+        none left, or (with node features) no more than the nodes after it."""
+        after = 0 if self.node_embed is None else self.n_nodes - 1 - node
+        return untaken <= (after if isinstance(after, int) else after.to(untaken.device))
+
     @staticmethod
     def _pool(tokens: Tensor, exists: Tensor) -> Tensor:
         weights = exists.unsqueeze(-1).to(tokens.dtype)
@@ -210,7 +218,7 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         taken_before[..., 0] = False  # idle is not exclusive
         allowed = exists.unsqueeze(1) & ~taken_before  # exists[:, 0] doubles as "idle allowed"
         if self.cfg.work_conserving:
-            allowed[..., 0] = ~allowed[..., 1:].any(-1)
+            allowed[..., 0] = self._idle_allowed(allowed[..., 1:].sum(-1), torch.arange(self.n_nodes))
         return logits.masked_fill(~allowed, MASKED_LOGIT)
 
     def _sample(self, obs: dict[str, Tensor], greedy: bool) -> dict[str, Tensor]:
@@ -236,7 +244,7 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
             for j, block in enumerate(self.decoder):
                 x, caches[j] = block.step(x, caches[j], context_kv[j], context_mask)
             if self.cfg.work_conserving:
-                allowed[:, 0] = ~allowed[:, 1:].any(-1)
+                allowed[:, 0] = self._idle_allowed(allowed[:, 1:].sum(-1), i)
             logits_i = (self.pointer_query(x) @ keys).squeeze(1).masked_fill(~allowed, MASKED_LOGIT)
             if greedy:
                 a = logits_i.argmax(-1)
