@@ -36,7 +36,7 @@ from mara_env.workload import (
     stress_episode,
 )
 from mara_fm.bank import CurveSet, bank_digest
-from mara_rl.methods import Method
+from mara_rl.methods import VARIANTS, Method
 
 EVAL_EXPERIMENT = "mara-evaluation"
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
@@ -65,12 +65,17 @@ class EvalConfig:
     split: str = setting("test", choices=("test", "val"), help="curves the episodes come from")
     # Training seeds of each learned scheduler that `mara reproduce` trains and evaluates.
     scheduler_seeds: tuple[int, ...] = setting((0,), help="training seeds of each learned variant")
+    # The learned variants (`mara_rl.methods.VARIANTS`) that `mara reproduce` trains and evaluates.
+    variants: tuple[str, ...] = setting(tuple(v.name for v in VARIANTS), help="learned variants to train")
 
     def __post_init__(self) -> None:
         check_config(self)
         if not self.scheduler_seeds or min(self.scheduler_seeds) < 0 or \
                 len(set(self.scheduler_seeds)) != len(self.scheduler_seeds):
             raise ValueError(f"scheduler_seeds must list distinct seeds >= 0, got {list(self.scheduler_seeds)}")
+        unknown = sorted(set(self.variants) - {v.name for v in VARIANTS})
+        if unknown:
+            raise ValueError(f"variants {unknown} unknown; known: {[v.name for v in VARIANTS]}")
 
 
 def episode_root_seed(task_set: str, split: str, load: float, root: int) -> np.random.SeedSequence:

@@ -31,12 +31,14 @@ from mara_env.env import EnvConfig
 from mara_fm.build_bank import BankConfig, ensure_bank
 from mara_fm.eval_predictor import run_eval
 from mara_fm.train_predictor import train_predictor
-from mara_rl.evaluate import EvalConfig, evaluate
+from mara_rl.evaluate import EvalConfig, evaluate, frozen_episodes
 from mara_rl.methods import BUILTIN, VARIANTS, Variant, builtin_methods, learned, parse_policies
 from mara_rl.policy import POLICY_SPEC
 from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
 from mara_rl.run_state import load_state, policy_dir, run_inputs, settings_changed
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
+from mara_rl.timeline import TIMELINE_PNG, record
+from mara_rl.timeline import plot as plot_timelines
 from mara_rl.train_scheduler import train
 
 
@@ -115,8 +117,13 @@ def scheduler_stage(profile: Profile, variant: Variant, seed: int) -> Stage:
 
 def trained_policies(profile: Profile) -> dict[tuple[str, int], Path]:
     """(variant, seed) → the policy.json its training run exports, for every variant and seed."""
-    seeds = profile.section(EvalConfig, "evaluation").scheduler_seeds
-    return {(v.name, seed): scheduler_stage(profile, v, seed).output for seed in seeds for v in VARIANTS}
+    return {(v.name, seed): scheduler_stage(profile, v, seed).output for v, seed in trained_variants(profile)}
+
+
+def trained_variants(profile: Profile) -> list[tuple[Variant, int]]:
+    """(variant, seed) of every run the profile's [evaluation] asks for, seed by seed."""
+    cfg = profile.section(EvalConfig, "evaluation")
+    return [(v, seed) for seed in cfg.scheduler_seeds for v in VARIANTS if v.name in cfg.variants]
 
 
 def evaluation_stages(profile: Profile, cfg: PipelineConfig,
@@ -150,6 +157,29 @@ def evaluation_stages(profile: Profile, cfg: PipelineConfig,
             run("sweep", list(cfg.sweep_task_sets), sweep, "default")]
 
 
+def timeline_stage(profile: Profile, cfg: PipelineConfig, policies: dict[tuple[str, int], Path]) -> Stage:
+    """The per-node timeline of every method (learned ones: their first seed) on the first
+    frozen test episode of the first task set at the main load."""
+    paths, env_cfg = profile.paths, profile.section(EnvConfig, "env")
+    out = paths.report / TIMELINE_PNG
+
+    def run() -> None:
+        eval_cfg = profile.section(EvalConfig, "evaluation")
+        task_set, load = cfg.report.task_sets[0], cfg.report.main_load
+        episode = frozen_episodes(paths.bank, task_set, eval_cfg.split, load, 0, eval_cfg.episodes_per_root,
+                                  env_cfg.horizon, env_cfg.workload)[0]
+        first = min(eval_cfg.scheduler_seeds)
+        methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items() if seed == first]
+        methods += [m for m in builtin_methods(paths.predictor.resolve(), env_cfg.view_options).values()
+                    if m.make is not None]
+        cfg_here = dataclasses.replace(env_cfg, bank=str(paths.bank), task_set=task_set, split=eval_cfg.split,
+                                       arrival_prob=load)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plot_timelines({m.name: record(m, cfg_here, episode) for m in methods}, out)
+
+    return Stage("timeline", out, run, (paths.bank, paths.predictor / "config.json", *policies.values()))
+
+
 def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | None = None,
                 predictor_eval: Path | None = None, cfg: ReportConfig | None = None,
                 log_mlflow: bool = True, publish: bool = True) -> Path:
@@ -173,7 +203,6 @@ def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | 
 def reproduce(profile: Profile, cfg: PipelineConfig = PipelineConfig(), progress: bool = True) -> Path:
     """Every stage of `profile` in order, skipping those already done."""
     paths = profile.paths
-    seeds = profile.section(EvalConfig, "evaluation").scheduler_seeds
     stages = [
         Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
         Stage("predictor", paths.predictor / "config.json",
@@ -182,11 +211,12 @@ def reproduce(profile: Profile, cfg: PipelineConfig = PipelineConfig(), progress
               lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report),
               (paths.bank, paths.predictor / "config.json")),
     ]
-    stages += [scheduler_stage(profile, v, seed) for seed in seeds for v in VARIANTS]
+    stages += [scheduler_stage(profile, v, seed) for v, seed in trained_variants(profile)]
     evaluations = evaluation_stages(profile, cfg, trained_policies(profile))
     stages += evaluations
+    stages.append(timeline_stage(profile, cfg, trained_policies(profile)))
     stages.append(Stage("report", paths.report / REPORT_JSON, lambda: make_report(profile, cfg=cfg.report),
-                        (paths.predictor_eval, *(e.output for e in evaluations))))
+                        (paths.predictor_eval, stages[-1].output, *(e.output for e in evaluations))))
     run_stages(stages, progress)
     return paths.report / "report.md"
 

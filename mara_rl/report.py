@@ -38,6 +38,7 @@ from mara_fm.eval_predictor import markdown_table as predictor_table
 from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, EVAL_EXPERIMENT, Record, slack_bands
 from mara_rl.methods import SPECS, rule_names
 from mara_rl.stats import BootstrapConfig, difference_matrix, hierarchical_bootstrap, mean_std
+from mara_rl.timeline import TIMELINE_PNG
 
 REPORT_JSON, REPORT_MD = "report.json", "report.md"
 SWEEP_PNG, COMPARISON_PNG = "load_sweep.png", "comparisons.png"
@@ -495,6 +496,8 @@ def write_report(records: list[Record], out_dir: Path, profile: str,
         files.append(plot_sweep(report, out_dir / SWEEP_PNG))
     if report["reference"]:
         files.append(plot_comparisons(report, out_dir / COMPARISON_PNG))
+    if (out_dir / TIMELINE_PNG).exists():  # written by the pipeline's timeline stage
+        files.append(out_dir / TIMELINE_PNG)
     if publish_to is not None:
         publish(report, files, publish_to, profile)
     if log_mlflow:

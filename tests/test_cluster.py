@@ -10,11 +10,13 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_common.config import ConfigError
 from mara_env.cluster import ClusterConfig, node_batches, steps_alone
-from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces
+from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces, sample_episodes
 from mara_env.peers import DeadlineAdmission, fit_optimus, optimus_remaining
 from mara_env.registry import ALLOCATORS
 from mara_env.workload import Episode, oracle_successes
 from mara_rl.mat_module import MATModule
+from mara_rl.methods import builtin_methods
+from mara_rl.timeline import plot, record
 
 CLUSTER = ClusterConfig(node_speeds=(2, 2, 1, 1, 1, 0.5, 0.5), restore_lo=2, restore_hi=10)
 
@@ -38,12 +40,14 @@ def test_node_clock_and_steps_alone() -> None:
     assert served.tolist() == [20, 10, 5]
     assert node_batches(speeds, 0).tolist() == [2, 1, 0] and node_batches(speeds, 1).tolist() == [2, 1, 1]
     # Alone on a node: the least number of steps that serves the demand, from the arrival on.
+    def served_in(steps: int, arrival: int, speed: float) -> int:
+        return sum(int(node_batches(np.array([speed]), t)[0]) for t in range(arrival, arrival + steps))
+
     for speed in (0.5, 1.0, 2.0):
         for arrival in (0, 3):
             for demand in (1, 7, 20):
                 s = int(steps_alone(np.array([demand]), np.array([arrival]), speed)[0])
-                got = lambda n: sum(node_batches(np.array([speed]), t)[0] for t in range(arrival, arrival + n))  # noqa: E731
-                assert got(s) >= demand > got(s - 1)
+                assert served_in(s, arrival, speed) >= demand > served_in(s - 1, arrival, speed)
 
 
 def test_config_refuses_bad_speeds_and_ranges() -> None:
@@ -175,3 +179,19 @@ def test_mat_node_tokens_keep_train_and_sampling_logp_equal() -> None:
     torch.testing.assert_close(logp, explored[Columns.ACTION_LOGP], atol=1e-4, rtol=0)
     served = (explored[Columns.ACTIONS] > 0).sum(1)
     assert torch.equal(served, torch.minimum(present.sum(1), torch.tensor(7)))  # still work-conserving
+
+
+def test_timeline_records_each_nodes_task_and_restores(smoke_bank, tmp_path) -> None:
+    cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1, cluster=CLUSTER)
+    episode = sample_episodes(cfg, 1, seed=3)[0]
+    timelines = {name: record(builtin_methods(None, {})[name], cfg, episode) for name in ("edf", "las")}
+    for tl in timelines.values():
+        assert tl.served.shape == (cfg.horizon, 7) and tl.speeds.tolist() == list(CLUSTER.node_speeds)
+        busy = tl.served[tl.served >= 0]
+        assert len(busy) and not (tl.restoring & (tl.served < 0)).any()
+        for row in tl.served:  # no task on two nodes at once
+            assert len(set(row[row >= 0].tolist())) == (row >= 0).sum()
+    # EDF moves tasks between nodes in node order, so it pays restores; LAS keeps them in place.
+    assert timelines["edf"].restoring.sum() > timelines["las"].restoring.sum() > 0
+    path = plot(timelines, tmp_path / "timeline.png")
+    assert path.stat().st_size > 10_000

@@ -115,3 +115,10 @@ def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     [(name, params, epochs, mae, best, chosen)] = rows
     assert (name, epochs, chosen) == ("t1", "1", "yes")
     assert number(params) > 0 and 0 <= number(best) <= number(mae) < math.inf
+
+
+def test_worlds_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("worlds_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
+               "--worlds", "2", "--fm", str(fm_dir))
+    (rows,) = tables(path)
+    assert len(rows) == 1 and all(0 <= percent(c) for c in rows[0][1:])

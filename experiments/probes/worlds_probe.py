@@ -6,7 +6,9 @@ planner (`llf`: exact N-node feasibility, least-laxity service) plans each
 world as if its demands were true, and the tasks are ranked by how many
 worlds serve (or keep) them now. Validation episodes only.
 
-    python -m experiments.probes.worlds_probe --worlds 16
+    python -m experiments.probes.worlds_probe --worlds 16 --loads 0.04,0.07
+
+Writes experiments/probes/results/worlds_probe.md, or into --out.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import can_meet_deadlines, joint_action
 from mara_env.env import EnvConfig
-from mara_env.vector import replay_in_lockstep
+from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_fm.bank import CurveSet
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.base import HistoryBatch
@@ -36,7 +38,8 @@ class SampleKeepingFM(FMPredictor):
         super().__init__(fm.model, fm.cfg, fm.stats)
         self.samples: dict[tuple[int, int], np.ndarray] = {}
 
-    def replay_remaining(self, source: CurveSet, rows, lengths, eps, horizon, optimistic=None):
+    def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray, eps: np.ndarray,
+                         horizon: np.ndarray, optimistic: float | None = None) -> np.ndarray:
         out = super().replay_remaining(source, rows, lengths, eps, horizon, optimistic)
         hist = HistoryBatch.from_curves(source.avg[rows], lengths, source.batch_size[rows], source.lr[rows])
         crossings = self.sorted_crossings(hist, eps, horizon)
@@ -59,7 +62,9 @@ def plan_world(slots: list[int], demand: np.ndarray, time_left: np.ndarray, n_no
     return sorted(kept, key=lambda s: (time_left[s] - demand[s], time_left[s], s))
 
 
-def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0):
+def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0) -> BatchDecide:
+    """Rank tasks by the worlds that serve them now (`vote` = "served") or keep them ("kept");
+    tasks before their judgement point first, EDF, as the teacher does."""
     def decide(obs, envs):
         actions = []
         for env in envs:
@@ -93,13 +98,14 @@ def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0):
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
+    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--loads", default="0.04")
     args = parser.parse_args(argv)
     profile = Profile.load(args.profile)
-    fm = SampleKeepingFM(FMPredictor.load(profile.paths.predictor))
+    fm = SampleKeepingFM(FMPredictor.load(args.fm or profile.paths.predictor))
     lines = ["| load | teacher | llf_fm | worlds served | worlds kept |", "|---|---|---|---|---|"]
     with torch_threads(1):
         for load in (float(x) for x in args.loads.split(",")):
