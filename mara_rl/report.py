@@ -490,7 +490,12 @@ def write_report(records: list[Record], out_dir: Path, profile: str,
     pred = json.loads(predictor_eval.read_text()) if predictor_eval and predictor_eval.exists() else None
     report = build(records, cfg, pred)
     (out_dir / REPORT_JSON).write_text(json.dumps(report, indent=1))
-    (out_dir / REPORT_MD).write_text(render(report, profile))
+    text = render(report, profile)
+    if (out_dir / TIMELINE_PNG).exists():  # written by the pipeline's timeline stage
+        text += ("\n## One test episode, node by node\n\nWhich task each node served at each step, one "
+                 "panel per method (learned methods: their first seed); hatched: restoring.\n\n"
+                 f"![per-node timeline]({TIMELINE_PNG})\n")
+    (out_dir / REPORT_MD).write_text(text)
     files = [out_dir / REPORT_JSON, out_dir / REPORT_MD]
     if report["load_sweep"]["rows"]:
         files.append(plot_sweep(report, out_dir / SWEEP_PNG))
