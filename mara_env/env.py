@@ -43,8 +43,10 @@ BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-u
 # in an env with the values it was trained with, and each evaluated method names its own.
 VIEW_OPTIONS = ("optimistic_quantile", "probe_points")
 # With `EnvConfig.cluster` enabled: per slot, the restore cost r_k and the restore steps left
-# (each / restore_hi); per node, its speed / the fastest speed and whether it is restoring.
-CLUSTER_SLOT_FEATURES = 2
+# (each / restore_hi) and the speed of the node that served it at the last step (/ the fastest;
+# 0: none), so every node can see which tasks another node holds; per node, its speed / the
+# fastest speed and whether it is restoring.
+CLUSTER_SLOT_FEATURES = 3
 NODE_FEATURES = 2
 
 
@@ -450,8 +452,11 @@ class MultiNodeEnv(gym.Env):
         feat[:, 2] = np.maximum(feat[:, 2] - self.t / self.cap, 0.0)  # time to deadline, <= 1 already
         if self.cfg.cluster.enabled:
             scale = max(self.cfg.cluster.restore_hi, 1)
+            holder_speed = dict(zip(self.node_task.tolist(), (self.speeds / self.speeds.max()).tolist(),
+                                    strict=True))
+            held = np.array([holder_speed.get(k, 0.0) for k in tasks.tolist()], np.float32)
             feat = np.concatenate([feat, np.stack([self.restore_cost[tasks], self.restore_left[tasks]], 1)
-                                   .astype(np.float32) / scale], axis=1)
+                                   .astype(np.float32) / scale, held[:, None]], axis=1)
         slots = np.zeros((k, self.cfg.slot_features), np.float32)
         slots[mask] = feat
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,

@@ -65,7 +65,7 @@ def test_defaults_leave_the_paper_setting_alone(smoke_bank) -> None:
     obs, _ = MultiNodeEnv(paper).reset(seed=0)
     assert set(obs) == {"slots", "globals", "slot_mask"} and obs["slots"].shape[1] == 5
     obs, _ = cluster_env(smoke_bank).reset(seed=0)
-    assert obs["slots"].shape[1] == 7 and obs["nodes"].shape == (7, 2) and obs["node_last"].shape == (7,)
+    assert obs["slots"].shape[1] == 8 and obs["nodes"].shape == (7, 2) and obs["node_last"].shape == (7,)
     assert cluster_env(smoke_bank).observation_space.contains(obs)
 
 
@@ -86,7 +86,8 @@ def test_fast_node_reveals_two_points_and_a_move_costs_the_restore(smoke_bank) -
     assert env.n_obs[0] == 5 and obs["node_last"][2] == 1 and obs["nodes"][2, 1] == 0
     env.step(np.zeros(7, np.int64))  # a pause, then the same node: a restore again
     obs, *_ = serve(2)
-    assert env.n_obs[0] == 5 and obs["slots"][0, -1] == pytest.approx((r - 1) / 10)
+    assert env.n_obs[0] == 5 and obs["slots"][0, -2] == pytest.approx((r - 1) / 10)
+    assert obs["slots"][0, -1] == 0.5  # held by node 2, of speed 1 (the fastest: 2)
 
 
 @pytest.mark.parametrize("cluster", [CLUSTER, ClusterConfig(node_speeds=(0.5,) * 7, restore_hi=3),
@@ -163,13 +164,13 @@ def test_admission_refuses_what_would_break_an_admitted_deadline(smoke_bank) -> 
 
 
 def test_mat_node_tokens_keep_train_and_sampling_logp_equal() -> None:
-    obs_space, act_space = make_spaces(7, 16, 7, 2)
+    obs_space, act_space = make_spaces(7, 16, 8, 2)
     torch.manual_seed(0)
     module = RLModuleSpec(module_class=MATModule, observation_space=obs_space, action_space=act_space,
                           model_config={"work_conserving": True}).build()
     gen = torch.Generator().manual_seed(0)
     present = torch.rand(64, 16, generator=gen) < 0.4
-    obs = {"slots": torch.rand(64, 16, 7, generator=gen), "globals": torch.rand(64, 4, generator=gen),
+    obs = {"slots": torch.rand(64, 16, 8, generator=gen), "globals": torch.rand(64, 4, generator=gen),
            "slot_mask": present.to(torch.int8), "nodes": torch.rand(64, 7, 2, generator=gen),
            "node_last": torch.randint(0, 17, (64, 7), generator=gen) * present.any(1, keepdim=True)}
     explored = module.forward_exploration({Columns.OBS: obs})
