@@ -75,7 +75,7 @@ class EvalConfig:
             raise ValueError(f"scheduler_seeds must list distinct seeds >= 0, got {list(self.scheduler_seeds)}")
         unknown = sorted(set(self.variants) - {v.name for v in VARIANTS})
         if unknown:
-            raise ValueError(f"variants {unknown} unknown; known: {[v.name for v in VARIANTS]}")
+            raise ConfigError(f"EvalConfig.variants: {unknown} unknown; known: {[v.name for v in VARIANTS]}")
 
 
 def episode_root_seed(task_set: str, split: str, load: float, root: int) -> np.random.SeedSequence:

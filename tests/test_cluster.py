@@ -9,11 +9,13 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_common.config import ConfigError
+from mara_common.profile import Profile
 from mara_env.cluster import ClusterConfig, node_batches, steps_alone
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces, sample_episodes
 from mara_env.peers import DeadlineAdmission, fit_optimus, optimus_remaining
 from mara_env.registry import ALLOCATORS
 from mara_env.workload import Episode, oracle_successes
+from mara_rl.evaluate import EvalConfig
 from mara_rl.mat_module import MATModule
 from mara_rl.methods import builtin_methods
 from mara_rl.timeline import plot, record
@@ -196,3 +198,19 @@ def test_timeline_records_each_nodes_task_and_restores(smoke_bank, tmp_path) -> 
     assert timelines["edf"].restoring.sum() > timelines["las"].restoring.sum() > 0
     path = plot(timelines, tmp_path / "timeline.png")
     assert path.stat().st_size > 10_000
+
+
+def test_a_profile_can_share_another_profiles_stage_one(tmp_path) -> None:
+    shared = Profile.load("cluster")
+    default = Profile.load("default")
+    assert shared.paths.bank == default.paths.bank and shared.paths.predictor == default.paths.predictor
+    assert shared.paths.report != default.paths.report  # its own evaluation and report
+    assert shared.values("bank") == default.values("bank")
+    assert shared.section(EnvConfig, "env").cluster.enabled
+    assert shared.section(EvalConfig, "evaluation").variants == ("mara",)
+    own_bank = tmp_path / "own.toml"
+    own_bank.write_text('stage_one_from = "default"\n[bank]\nseed = 1\n')
+    with pytest.raises(ConfigError, match=r"takes \[bank\] and \[predictor\] from 'default'"):
+        Profile.load(own_bank)
+    with pytest.raises(ConfigError, match="variants"):
+        EvalConfig(variants=("mara", "no_such_variant"))
