@@ -26,6 +26,13 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
                         help="folder for the probe's Markdown (default: experiments/probes/results)")
 
 
+def add_replay_flags(parser: argparse.ArgumentParser) -> None:
+    """--fm, --roots and --episodes-per-root: the probes that replay frozen val episodes with FM."""
+    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    parser.add_argument("--roots", type=int, default=5)
+    parser.add_argument("--episodes-per-root", type=int, default=8)
+
+
 def save_table(lines: list[str], out: Path, name: str) -> Path:
     """Write a probe's Markdown lines to out/name; returns the file."""
     out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table, success
+from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -137,9 +137,7 @@ def parse_settings(text: str) -> list[tuple[int, int | None]]:
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
+    add_replay_flags(parser)
     parser.add_argument("--settings", default=",".join(f"{k}:{w or 'all'}" for k, w in SETTINGS),
                         help="(k, window) settings compared on ID val, as K:WINDOW,...")
     parser.add_argument("--test-sets", default=",".join(TASK_SETS),

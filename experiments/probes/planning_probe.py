@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table, success
+from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -188,10 +188,8 @@ def by_predictor(cfg: EnvConfig, episodes: list[Episode], fm: FMPredictor, sigma
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    add_replay_flags(parser)
     parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.5", help="σ of the noisy true demand, comma-separated")
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--no-probe", action="store_true",
                         help="judge every task after the predictor's warm-up (ignore the profile's probe_points)")
     parser.add_argument("--by-family", action="store_true", help="the per-family table instead")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table, success
+from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import can_meet_deadlines, joint_action
@@ -98,10 +98,8 @@ def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0) ->
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    add_replay_flags(parser)
     parser.add_argument("--worlds", type=int, default=16)
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--loads", default="0.04")
     args = parser.parse_args(argv)
     profile = Profile.load(args.profile)
