@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from mara_fm.bank import CurveSet, load_bank, select
+from mara_fm.curve_prior import sample_prior
 from mara_fm.eval_predictor import Queries, QueryConfig, make_queries, reference_curves, score
 from mara_fm.fm_model import PredictorConfig
 from mara_fm.predictors import WARMUP_POINTS
@@ -141,6 +142,7 @@ class FMDataModule(L.LightningDataModule):
         train, val = split_curves(frame, cfg.heldout_families)
         self.train = train
         self.stats = fit_stats(self.train, cfg)
+        self.prior = sample_prior(train, cfg.prior_curves, cfg.seed) if cfg.prior != "off" else None
         rng = np.random.default_rng([cfg.seed, 2])
         val_data = to_tensors(*raw_examples(val, *sample_examples(
             len(val), val.cap, cfg.val_examples_per_curve, cfg, rng), cfg), self.stats)
@@ -158,15 +160,25 @@ class FMDataModule(L.LightningDataModule):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         cfg = self.cfg
         rng = np.random.default_rng([cfg.seed, 3, epoch])
-        rows, n, k = sample_examples(len(self.train), self.train.cap, cfg.examples_per_curve, cfg, rng)
+        curves = self.epoch_curves(epoch)
+        rows, n, k = sample_examples(len(curves), curves.cap, cfg.examples_per_curve, cfg, rng)
         order = rng.permutation(len(rows))
-        curves = self.train
         if cfg.augment_prob > 0:
             aug_rng = np.random.default_rng([cfg.seed, 4, epoch])
             curves = dataclasses.replace(curves, losses=wobble(curves.losses, cfg.augment_prob,
                                                                cfg.augment_sigma, cfg.augment_length, aug_rng))
         data = to_tensors(*raw_examples(curves, rows[order], n[order], k[order], cfg), self.stats)
         return DataLoader(TensorDataset(*data), batch_size=cfg.batch_size, shuffle=False)
+
+    def epoch_curves(self, epoch: int) -> CurveSet:
+        """The curves an epoch trains on: the real train curves, the prior's during
+        pre-training, or both (`PredictorConfig.prior`)."""
+        if self.prior is None or (self.cfg.prior == "pretrain" and epoch >= self.cfg.prior_epochs):
+            return self.train
+        if self.cfg.prior == "pretrain":
+            return self.prior
+        return CurveSet(*(np.concatenate([getattr(self.train, f), getattr(self.prior, f)])
+                          for f in ("ids", "families", "batch_size", "lr", "losses")))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=4 * self.cfg.batch_size, shuffle=False)

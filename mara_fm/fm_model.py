@@ -18,6 +18,8 @@ from torch.nn import functional as F
 
 from mara_fm.targets import HISTORY_FEATURES, STATIC_FEATURES
 
+PRIOR_MODES = ("off", "pretrain", "mixture")
+
 
 @dataclass(frozen=True)
 class PredictorConfig:
@@ -58,6 +60,13 @@ class PredictorConfig:
     # val MAE measures forecasts for families the network never saw (what RL OOD and ViT
     # OOD ask of it). Empty (the default) = validate on ID val curves of every family.
     heldout_families: tuple[str, ...] = ()
+    # The synthetic curve prior (curve_prior.py): "off"; "pretrain" (the first `prior_epochs`
+    # epochs on `prior_curves` synthetic curves only, then the real ones); "mixture" (every
+    # epoch on the real train curves and the synthetic ones together). Standardisation
+    # statistics always come from the real train curves.
+    prior: str = "off"
+    prior_curves: int = 2000
+    prior_epochs: int = 10
     # optimisation (fm_lightning.py)
     batch_size: int = 256
     lr: float = 2e-3
@@ -91,6 +100,11 @@ class PredictorConfig:
         for name in ("sample_choices", "step_choices"):
             if not getattr(self, name) or min(getattr(self, name)) < 1:
                 raise ValueError(f"PredictorConfig.{name} must list counts >= 1, got {getattr(self, name)}")
+        if self.prior not in PRIOR_MODES:
+            raise ValueError(f"PredictorConfig.prior must be one of {list(PRIOR_MODES)}, got {self.prior!r}")
+        if self.prior_curves < 1 or self.prior_epochs < 0:
+            raise ValueError("PredictorConfig.prior_curves must be >= 1 and prior_epochs >= 0, got "
+                             f"{self.prior_curves} and {self.prior_epochs}")
         if not 0.0 <= self.augment_prob <= 1.0:
             raise ValueError(f"PredictorConfig.augment_prob must be in [0, 1], got {self.augment_prob}")
         if self.augment_sigma < 0 or self.augment_length <= 0:

@@ -112,9 +112,22 @@ def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
                "--networks", "tiny", "--epochs", "1")
     [rows] = tables(path)
-    [(name, params, epochs, mae, best, chosen)] = rows
-    assert (name, epochs, chosen) == ("t1", "1", "yes")
-    assert number(params) > 0 and 0 <= number(best) <= number(mae) < math.inf
+    [(name, params, epochs, prior, mae, folds, best, chosen)] = rows
+    assert (name, epochs, prior, chosen) == ("t1", "1", "off", "yes")
+    assert number(params) > 0 and 0 <= number(best) <= number(mae) < math.inf and number(folds) == number(mae)
+
+
+def test_select_predictor_folds_and_priors(smoke_bank, mlflow_store, tmp_path):
+    path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
+               "--networks", "tiny", "--epochs", "2", "--priors", "off,pretrain,mixture",
+               "--folds", "mlp_wine+mlp_digits,cnn_digits+logreg_cancer")
+    [rows] = tables(path)
+    assert [r[0] for r in rows] == ["t2", "t2-pretrain", "t2-mixture"] and [r[3] for r in rows] == \
+        ["off", "pretrain", "mixture"]
+    for row in rows:
+        per_fold = [number(x) for x in row[5].split(" / ")]
+        assert len(per_fold) == 2 and number(row[4]) == pytest.approx(sum(per_fold) / 2, abs=0.01)
+    assert sum(r[7] == "yes" for r in rows) == 1
 
 
 def test_worlds_probe(smoke_bank, fm_dir, tmp_path):
