@@ -154,6 +154,9 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         self.idle_embed = nn.Parameter(torch.randn(d) * 0.02)
         self.node_pos = nn.Parameter(torch.randn(self.n_nodes, d) * 0.02)
         self.node_embed = nn.Linear(obs["nodes"].shape[1], d) if "nodes" in obs.spaces else None
+        # With node features: a learned bonus on each node's logit for the slot it served last,
+        # so keeping a task where it runs (no restore) is the easy default to learn.
+        self.keep_bias = nn.Parameter(torch.zeros(1)) if self.node_embed is not None else None
         self.decoder = nn.ModuleList(_Block(self.cfg, cross=True) for _ in range(self.cfg.n_blocks))
         self.pointer_query = nn.Linear(d, d)
         self.pointer_key = nn.Linear(d, d)
@@ -193,6 +196,16 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         after = 0 if self.node_embed is None else self.n_nodes - 1 - node
         return untaken <= (after if isinstance(after, int) else after.to(untaken.device))
 
+    def _keep_bonus(self, obs: dict[str, Tensor], node: slice | int = slice(None)) -> Tensor | float:
+        """`keep_bias` on each node's held slot (B, N, K+1), or for one node (B, K+1); 0 without
+        node features or for a node that held nothing."""
+        if self.keep_bias is None:
+            return 0.0
+        held = obs["node_last"].long()[:, node]
+        bonus = F.one_hot(held, self.n_slots + 1).to(self.keep_bias.dtype)
+        bonus[..., 0] = 0.0  # holding nothing is no reason to idle
+        return self.keep_bias * bonus
+
     @staticmethod
     def _pool(tokens: Tensor, exists: Tensor) -> Tensor:
         weights = exists.unsqueeze(-1).to(tokens.dtype)
@@ -211,7 +224,7 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         for block in self.decoder:
             x = block(x, self.causal_mask.unsqueeze(0), tokens, exists.unsqueeze(1))
         logits = self.pointer_query(x) @ self.pointer_key(choices).transpose(1, 2)
-        logits = logits / math.sqrt(x.shape[-1])
+        logits = logits / math.sqrt(x.shape[-1]) + self._keep_bonus(obs)
 
         chosen = F.one_hot(actions, self.n_slots + 1)
         taken_before = (chosen.cumsum(1) - chosen) > 0
@@ -245,7 +258,8 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
                 x, caches[j] = block.step(x, caches[j], context_kv[j], context_mask)
             if self.cfg.work_conserving:
                 allowed[:, 0] = self._idle_allowed(allowed[:, 1:].sum(-1), i)
-            logits_i = (self.pointer_query(x) @ keys).squeeze(1).masked_fill(~allowed, MASKED_LOGIT)
+            logits_i = ((self.pointer_query(x) @ keys).squeeze(1) + self._keep_bonus(obs, i)).masked_fill(
+                ~allowed, MASKED_LOGIT)
             if greedy:
                 a = logits_i.argmax(-1)
             else:

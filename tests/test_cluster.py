@@ -182,6 +182,10 @@ def test_mat_node_tokens_keep_train_and_sampling_logp_equal() -> None:
     torch.testing.assert_close(logp, explored[Columns.ACTION_LOGP], atol=1e-4, rtol=0)
     served = (explored[Columns.ACTIONS] > 0).sum(1)
     assert torch.equal(served, torch.minimum(present.sum(1), torch.tensor(7)))  # still work-conserving
+    (-logp.mean()).backward()
+    for name in ("keep_bias", "node_embed.weight"):
+        grad = module.get_parameter(name).grad
+        assert grad is not None and grad.abs().sum() > 0, name
 
 
 def test_timeline_records_each_nodes_task_and_restores(smoke_bank, tmp_path) -> None:
