@@ -52,6 +52,11 @@ class PipelineConfig:
     sweep_task_sets: tuple[str, ...] = ("id",)
 
 
+def pipeline_config(profile: Profile) -> PipelineConfig:
+    """The protocol's settings, with the report's targets from the profile's [report]."""
+    return PipelineConfig(report=profile.section(ReportConfig, "report"))
+
+
 @dataclass
 class Stage:
     name: str
@@ -194,15 +199,16 @@ def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | 
         raise FileNotFoundError(f"no results.json under {eval_dir} (run `mara reproduce` or "
                                 "`mara evaluate --out` there first)")
     out_dir = out_dir or paths.report
-    write_report(load_records(results), out_dir, profile.name, cfg or ReportConfig(),
+    write_report(load_records(results), out_dir, profile.name, cfg or profile.section(ReportConfig, "report"),
                  predictor_eval or paths.predictor_eval, log_mlflow,
                  publish_to=paths.results if publish else None)
     return out_dir / "report.md"
 
 
-def reproduce(profile: Profile, cfg: PipelineConfig = PipelineConfig(), progress: bool = True) -> Path:
+def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: bool = True) -> Path:
     """Every stage of `profile` in order, skipping those already done."""
     paths = profile.paths
+    cfg = cfg or pipeline_config(profile)
     stages = [
         Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
         Stage("predictor", paths.predictor / "config.json",
@@ -221,11 +227,12 @@ def reproduce(profile: Profile, cfg: PipelineConfig = PipelineConfig(), progress
     return paths.report / "report.md"
 
 
-def evaluate_all(profile: Profile, cfg: PipelineConfig = PipelineConfig(),
+def evaluate_all(profile: Profile, cfg: PipelineConfig | None = None,
                  extra: dict[tuple[str, int | None], Path] | None = None) -> None:
     """The evaluation stages of `reproduce` (main, stress, sweep), always rerun, for the
     trained variants of every seed (which must exist) plus `extra` policies by (name,
     seed); an extra policy without a seed counts as seed 0, like a one-seed pipeline's."""
+    cfg = cfg or pipeline_config(profile)
     policies = trained_policies(profile)
     missing = [f"{name} (seed {seed}): {path}" for (name, seed), path in policies.items() if not path.exists()]
     if missing:
@@ -254,7 +261,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     path = make_report(args.profile, Path(args.eval_dir) if args.eval_dir else None,
                        Path(args.out) if args.out else None,
                        Path(args.predictor_eval) if args.predictor_eval else None,
-                       dataclasses.replace(ReportConfig(), reference=args.reference),
+                       args.profile.section(ReportConfig, "report", reference=args.reference),
                        log_mlflow=not args.no_mlflow, publish=not args.no_publish)
     print(f"report: {path}")
 

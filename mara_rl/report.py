@@ -48,6 +48,8 @@ RESULTS_BEGIN, RESULTS_END = "<!-- results:begin -->", "<!-- results:end -->"  #
 
 @dataclass(frozen=True)
 class ReportConfig:
+    """What the report compares and the targets it checks (a profile's [report] section)."""
+
     main_load: float = 0.04
     task_sets: tuple[str, ...] = ("id", "rl_ood", "vit_ood")
     reference: str = "mara"

@@ -18,6 +18,7 @@ from mara_env.workload import Episode, oracle_successes
 from mara_rl.evaluate import EvalConfig
 from mara_rl.mat_module import MATModule
 from mara_rl.methods import builtin_methods
+from mara_rl.report import ReportConfig
 from mara_rl.timeline import plot, record
 
 CLUSTER = ClusterConfig(node_speeds=(2, 2, 1, 1, 1, 0.5, 0.5), restore_lo=2, restore_hi=10)
@@ -212,6 +213,8 @@ def test_a_profile_can_share_another_profiles_stage_one(tmp_path) -> None:
     assert shared.values("bank") == default.values("bank")
     assert shared.section(EnvConfig, "env").cluster.enabled
     assert shared.section(EvalConfig, "evaluation").variants == ("mara",)
+    assert shared.section(ReportConfig, "report").target_margin_rule == 0.03  # the cluster target
+    assert default.section(ReportConfig, "report") == ReportConfig()
     own_bank = tmp_path / "own.toml"
     own_bank.write_text('stage_one_from = "default"\n[bank]\nseed = 1\n')
     with pytest.raises(ConfigError, match=r"takes \[bank\] and \[predictor\] from 'default'"):
