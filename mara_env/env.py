@@ -233,13 +233,15 @@ class MultiNodeEnv(gym.Env):
         self.task_feat[:, 2] = self.deadline / self.cap
         if self.cfg.optimistic_quantile is not None:
             self.task_feat[:, BASE_SLOT_FEATURES] = 1.0  # the optimistic estimate starts at the cap too
-        # Cluster state: each task's restore cost, restore steps left, and the node and step
-        # that served it last (-1: never); each node's task at the last step (-1: none).
+        # Each node's task at the last step (-1: none) and whether it was restoring then; cluster
+        # state: each task's restore cost, restore steps left, and the node and step that
+        # served it last (-1: never).
+        self.node_task = np.full(self.cfg.n_nodes, -1, np.int64)
+        self.node_restoring = np.zeros(self.cfg.n_nodes, bool)
         self.restore_cost = self.cfg.cluster.restore_costs(list(episode.curve_ids), episode.arrival)
         self.restore_left = np.zeros(m, np.int64)
         self.last_node = np.full(m, -1, np.int64)
         self.last_step = np.full(m, -1, np.int64)
-        self.node_task = np.full(self.cfg.n_nodes, -1, np.int64)
         self.slot_task = np.full(self.cfg.n_slots, -1, np.int64)
         self.queue: deque[int] = deque()
         self.next_arrival = 0
@@ -291,6 +293,8 @@ class MultiNodeEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         served, nodes = self._served_tasks(np.asarray(action))
         self.busy = len(served)
+        self.node_task[:] = -1
+        self.node_task[nodes] = served
         succeeded = np.zeros(0, np.int64)
         if self.cfg.cluster.enabled:
             served = self._serve_on_cluster(served, nodes)  # those that progress, with their batches
@@ -376,8 +380,8 @@ class MultiNodeEnv(gym.Env):
         restoring = self.restore_left[served] > 0
         self.restore_left[served[restoring]] -= 1
         self.last_node[served], self.last_step[served] = nodes, t
-        self.node_task[:] = -1
-        self.node_task[nodes] = served
+        self.node_restoring[:] = False
+        self.node_restoring[nodes[restoring]] = True
         batches = node_batches(self.speeds, t)[nodes]
         going = ~restoring & (batches > 0)
         self.batches = batches[going]

@@ -32,31 +32,23 @@ class Timeline:
 
 
 def record(method: Method, env_cfg: EnvConfig, episode: Episode) -> Timeline:
-    """Replay `episode` with `method` and keep every node's task and restore state per step."""
+    """Replay `episode` with `method`, keeping each node's task and restore state per step
+    (`MultiNodeEnv.node_task`, `node_restoring`, read after every step)."""
     cfg = EnvConfig(**{**asdict(env_cfg), **dict.fromkeys(VIEW_OPTIONS), **method.view,
                        "predictor": method.predictor})
-    served, restoring = [], []
+    served, restoring, env = [], [], []
     decide = method.make()
 
     def watch(obs: dict, envs: list[MultiNodeEnv]) -> np.ndarray:
-        action = decide(obs, envs)
-        env = envs[0]
-        tasks = np.where(action[0] > 0, env.slot_task[np.maximum(action[0] - 1, 0)], -1)
-        served.append(tasks)
-        restoring.append(restores(env, tasks))
-        return action
+        env[:] = envs
+        return decide(obs, envs)
 
-    out = replay_in_lockstep(cfg, [episode], watch)[0]
+    def after_step(i: int, obs: dict, action: np.ndarray, reward: float) -> None:
+        served.append(env[0].node_task.copy())
+        restoring.append(env[0].node_restoring.copy())
+
+    out = replay_in_lockstep(cfg, [episode], watch, on_step=after_step)[0]
     return Timeline(np.array(served), np.array(restoring), out["succeeded"], cfg.cluster.speeds(cfg.n_nodes))
-
-
-def restores(env: MultiNodeEnv, tasks: np.ndarray) -> np.ndarray:
-    """Whether each node's task (-1: idle) spends this step restoring (`mara_env.cluster`):
-    it starts a restore (served before, now moved or resumed) or goes on with one."""
-    k = np.maximum(tasks, 0)
-    kept = (env.last_node[k] == np.arange(len(tasks))) & (env.last_step[k] == env.t - 1)
-    starts = ~kept & (env.last_node[k] >= 0) & (env.restore_cost[k] > 0)
-    return (tasks >= 0) & (starts | (kept & (env.restore_left[k] > 0)))
 
 
 def plot(timelines: dict[str, Timeline], path: Path) -> Path:
