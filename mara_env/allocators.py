@@ -168,6 +168,12 @@ class OptimisticLARA(LARA):
     leftover nodes last. With WLS it is LARA with that rule. With
     `EnvConfig.probe_points` = P, a task is judged only after P observations
     (before that it is served first, like a task in warm-up).
+
+    It is aware of the cluster (docs/design.md §10.3): with the cluster options on it plans
+    against the nodes' capacity with pending restores added, keeps a task only if the
+    fastest node could finish it in time, and places work with `placed_action` (a task
+    stays where it runs; it moves to a faster idle node only when that pays). On identical
+    nodes with free switching all of this is the rule above.
     """
 
     name = "lara_optimistic"
