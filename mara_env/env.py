@@ -115,6 +115,11 @@ class EnvConfig:
                 + CLUSTER_SLOT_FEATURES * self.cluster.enabled)
 
     @property
+    def fastest(self) -> float:
+        """The fastest node's speed (1 on identical nodes): the Oracle bound's node."""
+        return float(self.cluster.speeds(self.n_nodes).max())
+
+    @property
     def node_features(self) -> int:
         """Per-node observation features (0: the observation has no node part)."""
         return NODE_FEATURES * self.cluster.enabled

@@ -119,7 +119,7 @@ def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: 
     stress = stress_episode(curves, base.horizon, seed=seed)
     *finals, stress_final = replay_in_lockstep(base, [*sample_episodes(base, episodes, seed), stress],
                                                lambda obs, envs: act(module, obs))
-    bound = oracle_successes(stress, curves, float(base.cluster.speeds(base.n_nodes).max()))
+    bound = oracle_successes(stress, curves, base.fastest)
     return {"success_rate": float(np.mean([f["success_rate"] for f in finals])),
             "shaped_return": float(np.mean([f["shaped_return"] for f in finals])),
             "invalid_actions": float(sum(f["episode_invalid_actions"] for f in finals)),

@@ -15,7 +15,7 @@ from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces, sample_episodes
 from mara_env.peers import DeadlineAdmission, fit_optimus, optimus_remaining
 from mara_env.registry import ALLOCATORS
 from mara_env.workload import Episode, oracle_successes
-from mara_rl.evaluate import EvalConfig
+from mara_rl.evaluate import EvalConfig, evaluate_method
 from mara_rl.mat_module import MATModule
 from mara_rl.methods import builtin_methods
 from mara_rl.report import ReportConfig
@@ -221,3 +221,15 @@ def test_a_profile_can_share_another_profiles_stage_one(tmp_path) -> None:
         Profile.load(own_bank)
     with pytest.raises(ConfigError, match="variants"):
         EvalConfig(variants=("mara", "no_such_variant"))
+
+
+def test_evaluation_on_the_cluster_counts_slack_on_the_fastest_node(smoke_bank) -> None:
+    """A task too long for a speed-1 node can succeed on a fast one: the completion bands and
+    the bound read slack on the fastest node, and the evaluation accepts such successes."""
+    cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.03, cluster=CLUSTER)
+    episodes = [sample_episodes(cfg, 2, seed=5)]  # LAS finishes two tasks a speed-1 node could not
+    method = builtin_methods(None, {})["las"]
+    result = evaluate_method(method, cfg, episodes)
+    bound = evaluate_method(builtin_methods(None, {})["oracle"], cfg, episodes)
+    assert cfg.fastest == 2.0
+    assert all(0 <= r <= b for r, b in zip(result["per_root"][0], bound["per_root"][0], strict=True))
