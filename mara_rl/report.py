@@ -472,8 +472,10 @@ def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 0.28 * len(items) + 1.2))
     for y, (_, c) in enumerate(items):
         colour = "tab:blue" if c["excludes_zero"] else "tab:grey"
-        ax.errorbar(100 * c["mean"], y, xerr=[[100 * (c["mean"] - c["low"])], [100 * (c["high"] - c["mean"])]],
-                    fmt="o", color=colour, capsize=2)
+        # A percentile interval of resamples need not contain the full-sample mean (a few seeds,
+        # discrete outcomes): the bar then stops at the mean on that side.
+        below, above = max(c["mean"] - c["low"], 0.0), max(c["high"] - c["mean"], 0.0)
+        ax.errorbar(100 * c["mean"], y, xerr=[[100 * below], [100 * above]], fmt="o", color=colour, capsize=2)
     ax.axvline(0, color="k", lw=0.8)
     ax.set_yticks(range(len(items)), [label for label, _ in items], fontsize=7)
     ax.invert_yaxis()

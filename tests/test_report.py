@@ -43,6 +43,7 @@ from mara_rl.report import (
     compare,
     interval,
     mean_pm_std,
+    plot_comparisons,
     publish,
     render,
     scores,
@@ -413,3 +414,11 @@ def test_targets_are_checked_against_the_report_numbers(written: Path) -> None:
     stress = next(t for name, t in targets.items() if name.startswith("stress"))
     assert stress["met"] is False  # "mara" here is EDF, which scores 0 in the stress scenario
     assert "## Targets" in (written / "report.md").read_text()
+
+
+def test_comparison_plot_accepts_a_mean_a_rounding_error_outside_its_interval(tmp_path: Path) -> None:
+    """Resampled means of identical cells can differ from the full mean in the last bit."""
+    cell = {"mean": 0.6500000000000001, "low": 0.65, "high": 0.65, "excludes_zero": True}
+    report = {"table2_comparisons": {"mean": {"edf": cell}}, "table3_comparisons": {"edf": cell},
+              "load_sweep_comparisons": {}, "reference": "mara"}
+    assert plot_comparisons(report, tmp_path / "c.png").stat().st_size > 0
