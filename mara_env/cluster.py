@@ -24,7 +24,6 @@ unchanged. A restore in progress counts as a busy node.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +79,3 @@ def steps_alone(demand: np.ndarray, arrival: np.ndarray, speed: float) -> np.nda
     `demand` batches: the least s with floor((a+s)v) − floor(a v) ≥ d."""
     start = np.floor(arrival * speed)
     return np.ceil((start + demand) / speed - arrival - 1e-9).astype(np.float64)
-
-
-def max_batches_per_step(speeds: np.ndarray) -> int:
-    return int(math.ceil(float(speeds.max())))

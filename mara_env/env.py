@@ -22,7 +22,7 @@ from gymnasium import spaces
 
 from mara_common.config import check_config, setting
 from mara_common.paths import ProjectPaths
-from mara_env.cluster import ClusterConfig, max_batches_per_step, node_batches
+from mara_env.cluster import ClusterConfig, node_batches
 from mara_env.workload import (
     BurstConfig,
     Episode,
@@ -194,7 +194,7 @@ class MultiNodeEnv(gym.Env):
         self.observation_space, self.action_space = make_spaces(config.n_nodes, config.n_slots,
                                                                 config.slot_features, config.node_features)
         self.speeds = config.cluster.speeds(config.n_nodes)
-        self.max_batches = max_batches_per_step(self.speeds)
+        self.relative_speeds = self.speeds / self.speeds.max()  # as the observation shows them
         self.episode: Episode | None = None
         self.resets = 0  # with id(self), names the episode to allocators that keep state
 
@@ -461,8 +461,7 @@ class MultiNodeEnv(gym.Env):
         feat[:, 2] = np.maximum(feat[:, 2] - self.t / self.cap, 0.0)  # time to deadline, <= 1 already
         if self.cfg.cluster.enabled:
             scale = max(self.cfg.cluster.restore_hi, 1)
-            holder_speed = dict(zip(self.node_task.tolist(), (self.speeds / self.speeds.max()).tolist(),
-                                    strict=True))
+            holder_speed = dict(zip(self.node_task.tolist(), self.relative_speeds.tolist(), strict=True))
             held = np.array([holder_speed.get(k, 0.0) for k in tasks.tolist()], np.float32)
             feat = np.concatenate([feat, np.stack([self.restore_cost[tasks], self.restore_left[tasks]], 1)
                                    .astype(np.float32) / scale, held[:, None]], axis=1)
@@ -476,7 +475,7 @@ class MultiNodeEnv(gym.Env):
             held = self.node_task >= 0
             restoring = np.zeros(self.cfg.n_nodes, np.float32)
             restoring[held] = self.restore_left[self.node_task[held]] > 0
-            obs["nodes"] = np.stack([self.speeds / self.speeds.max(), restoring], 1).astype(np.float32)
+            obs["nodes"] = np.stack([self.relative_speeds, restoring], 1).astype(np.float32)
             obs["node_last"] = self.node_slots() + 1
         return obs
 
@@ -519,7 +518,8 @@ class MultiNodeEnv(gym.Env):
         """What a non-learned allocator may read about the active slots (0 for empty ones)."""
         tasks = self.slot_task
         present = tasks >= 0
-        held = tasks[present]  # may be none at all, in an episode without tasks
+        held = tasks[present]
+        cluster = self.cfg.cluster.enabled  # may be none at all, in an episode without tasks
 
         def per_slot(values: np.ndarray) -> np.ndarray:
             out = np.zeros(len(tasks), values.dtype)
@@ -531,9 +531,10 @@ class MultiNodeEnv(gym.Env):
             observed=per_slot(self.n_obs), predicted=per_slot(self.pred), n_nodes=self.cfg.n_nodes,
             optimistic=per_slot(self.pred_low) if self.cfg.optimistic_quantile is not None else None,
             probe_points=self.cfg.probe_points,
-            speeds=self.speeds, node_slot=self.node_slots() if self.cfg.cluster.enabled else None,
-            restore_cost=per_slot(self.restore_cost), restore_left=per_slot(self.restore_left),
-            task=per_slot(np.arange(len(self.arrival))), env_key=(id(self), self.resets),
+            speeds=self.speeds, node_slot=self.node_slots() if cluster else None,
+            restore_cost=per_slot(self.restore_cost) if cluster else None,
+            restore_left=per_slot(self.restore_left) if cluster else None,
+            task=np.maximum(tasks, 0), env_key=(id(self), self.resets),
             eps=per_slot(self.eps), losses=lambda s: self.task_avg[tasks[s], :self.n_obs[tasks[s]]],
         )
 
@@ -551,8 +552,8 @@ class SlotView:
     n_nodes: int
     optimistic: np.ndarray | None = None  # with EnvConfig.optimistic_quantile only
     probe_points: int | None = None  # EnvConfig.probe_points
-    # The cluster (`EnvConfig.cluster`): node speeds, the slot each node served last (-1: none;
-    # None when the cluster options are off), each slot's restore cost and restore steps left.
+    # The cluster (`EnvConfig.cluster`): node speeds, the slot each node served last (-1: none),
+    # each slot's restore cost and restore steps left (the last three None when it is off).
     speeds: np.ndarray | None = None
     node_slot: np.ndarray | None = None
     restore_cost: np.ndarray | None = None

@@ -38,13 +38,14 @@ def _log_uniform(rng: np.random.Generator, lo: float, hi: float, size: int | Non
     return np.exp(rng.uniform(np.log(lo), np.log(hi), size))
 
 
-def _ar1(rng: np.random.Generator, cap: int, length: float) -> np.ndarray:
+def ar1_paths(rng: np.random.Generator, rows: int, cap: int, length: float) -> np.ndarray:
+    """(rows, cap) unit-variance AR(1) paths with correlation length `length` (steps)."""
     rho = float(np.exp(-1.0 / length))
-    noise = rng.standard_normal(cap)
-    z = np.empty(cap)
-    z[0] = noise[0]
+    noise = rng.standard_normal((rows, cap))
+    z = np.empty((rows, cap))
+    z[:, 0] = noise[:, 0]
     for t in range(1, cap):
-        z[t] = rho * z[t - 1] + np.sqrt(1.0 - rho * rho) * noise[t]
+        z[:, t] = rho * z[:, t - 1] + np.sqrt(1.0 - rho * rho) * noise[:, t]
     return z
 
 
@@ -69,7 +70,7 @@ def prior_curve(rng: np.random.Generator, cap: int, first: float, ratio: float) 
     else:
         decay = np.exp(-t_eff / _log_uniform(rng, 5, 3 * cap))
     loss = floor + (first - floor) * decay
-    loss = loss * np.exp(_log_uniform(rng, 0.003, 0.4) * _ar1(rng, cap, _log_uniform(rng, 1, 30)))
+    loss = loss * np.exp(_log_uniform(rng, 0.003, 0.4) * ar1_paths(rng, 1, cap, _log_uniform(rng, 1, 30))[0])
     if rng.random() < 0.15:  # spikes
         for _ in range(rng.integers(1, 4)):
             at, height, width = rng.uniform(0, cap), _log_uniform(rng, 0.1, 2), _log_uniform(rng, 1, 20)

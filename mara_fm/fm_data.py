@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from mara_fm.bank import CurveSet, load_bank, select
-from mara_fm.curve_prior import sample_prior
+from mara_fm.curve_prior import ar1_paths, sample_prior
 from mara_fm.eval_predictor import Queries, QueryConfig, make_queries, reference_curves, score
 from mara_fm.fm_model import PredictorConfig
 from mara_fm.predictors import WARMUP_POINTS
@@ -43,12 +43,7 @@ def wobble(losses: np.ndarray, share: float, sigma: float, length: float,
     loss falls, then settles (see `PredictorConfig.augment_prob`).
     """
     n, cap = losses.shape
-    rho = float(np.exp(-1.0 / length))
-    noise = rng.standard_normal((n, cap))
-    z = np.empty((n, cap))
-    z[:, 0] = noise[:, 0]
-    for t in range(1, cap):
-        z[:, t] = rho * z[:, t - 1] + np.sqrt(1.0 - rho * rho) * noise[:, t]
+    z = ar1_paths(rng, n, cap, length)
     chosen = rng.random(n) < share
     return np.where(chosen[:, None], losses * np.exp(sigma * z), losses)
 

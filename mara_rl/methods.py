@@ -131,7 +131,8 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
         return lambda obs, envs: act(module, obs)
 
     trained_in = policy_env(policy_dir)
-    return Method(name, trained_in.pop("predictor"), make, seed, trained_in, trained_in.pop("cluster"))
+    predictor, cluster = trained_in.pop("predictor"), trained_in.pop("cluster")
+    return Method(name, predictor, make, seed, view=trained_in, cluster=cluster)
 
 
 def builtin_methods(fm_path: str | Path | None, view: dict[str, Any]) -> dict[str, Method]:
