@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mara_fm.jobs import DQNJob, LanguageModelJob, SupervisedJob, TrainingJob
+
 DATA_SEED = 1234  # fixed seed of the locally generated datasets (not of the runs)
 
 
@@ -38,19 +40,31 @@ class Family:
     dataset: str
     batch_sizes: tuple[int, ...]
     lr_range: tuple[float, float]  # log-uniform
-    train: Callable[[torch.Generator, int, float, int], np.ndarray]
+    build: Callable[[torch.Generator, int, float, int], TrainingJob]  # (data generator, batch size, lr, planned batches)
 
-    def run(self, seed: int, cap: int) -> dict:
-        """One real training run of `cap` batches; returns a bank row (minus ids)."""
+    def hyperparameters(self, seed: int) -> tuple[int, float]:
+        """The run's batch size and learning rate, drawn from its seed."""
         rng = np.random.default_rng(seed)
         batch_size = int(rng.choice(self.batch_sizes))
         lo, hi = np.log(self.lr_range[0]), np.log(self.lr_range[1])
-        lr = float(np.exp(rng.uniform(lo, hi)))
-        torch.manual_seed(seed)
-        gen = torch.Generator().manual_seed(seed)
-        losses = self.train(gen, batch_size, lr, cap)
-        if len(losses) != cap or not np.all(np.isfinite(losses)):
+        return batch_size, float(np.exp(rng.uniform(lo, hi)))
+
+    def job(self, seed: int, planned: int) -> TrainingJob:
+        """The run of `seed` as a job, before its first batch. The model's initial weights come
+        from `torch.manual_seed(seed)` (the global generator is restored afterwards), the data
+        order from a generator of its own; `planned` batches set the schedules that need a length."""
+        batch_size, lr = self.hyperparameters(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.build(torch.Generator().manual_seed(seed), batch_size, lr, planned)
+
+    def run(self, seed: int, cap: int) -> dict:
+        """One real training run of `cap` batches without a pause; returns a bank row (minus ids)."""
+        job = self.job(seed, cap)
+        losses = np.array([job.step() for _ in range(cap)])
+        if not np.all(np.isfinite(losses)):
             raise RuntimeError(f"family {self.name}: seed {seed} produced a non-finite loss")
+        batch_size, lr = self.hyperparameters(seed)
         return {
             "family": self.name,
             "task_set": self.task_set,
@@ -141,34 +155,7 @@ def _waveforms(n: int = 3000, length: int = 128) -> tuple[torch.Tensor, torch.Te
     return torch.tensor(x[:, None, :], dtype=torch.float32), torch.tensor(y, dtype=torch.long)
 
 
-# ---------------------------------------------------------------- training loops
-
-
-def _supervised(
-    data: tuple[torch.Tensor, torch.Tensor],
-    model: nn.Module,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    gen: torch.Generator,
-    batch_size: int,
-    cap: int,
-) -> np.ndarray:
-    """Minibatch training over shuffled epochs; records every batch's loss."""
-    x, y = data
-    losses = np.empty(cap)
-    order = torch.randperm(len(x), generator=gen)
-    pos = 0
-    for i in range(cap):
-        if pos + batch_size > len(x):
-            order, pos = torch.randperm(len(x), generator=gen), 0
-        idx = order[pos : pos + batch_size]
-        pos += batch_size
-        loss = loss_fn(model(x[idx]), y[idx])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses[i] = loss.item()
-    return losses
+# ---------------------------------------------------------------- models and jobs
 
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
@@ -178,12 +165,10 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers[:-1])
 
 
-def _train_mlp_digits(gen, batch_size, lr, cap):
+def _mlp_digits(gen, batch_size, lr, planned):
     model = _mlp([64, 64, 10])
-    return _supervised(
-        _sklearn_xy("digits"), model, F.cross_entropy,
-        torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), gen, batch_size, cap,
-    )
+    return SupervisedJob(_sklearn_xy("digits"), model, F.cross_entropy,
+                         torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), gen, batch_size)
 
 
 class _DigitsCNN(nn.Module):
@@ -199,36 +184,32 @@ class _DigitsCNN(nn.Module):
         return self.head(x.flatten(1))
 
 
-def _train_cnn_digits(gen, batch_size, lr, cap):
+def _cnn_digits(gen, batch_size, lr, planned):
     model = _DigitsCNN()
-    return _supervised(
-        _sklearn_xy("digits"), model, F.cross_entropy,
-        torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_sklearn_xy("digits"), model, F.cross_entropy,
+                         torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size)
 
 
-def _train_logreg_cancer(gen, batch_size, lr, cap):
+def _logreg_cancer(gen, batch_size, lr, planned):
     model = nn.Linear(30, 2)
-    return _supervised(
-        _sklearn_xy("breast_cancer"), model, F.cross_entropy,
-        torch.optim.SGD(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_sklearn_xy("breast_cancer"), model, F.cross_entropy,
+                         torch.optim.SGD(model.parameters(), lr=lr), gen, batch_size)
 
 
-def _train_mlp_wine(gen, batch_size, lr, cap):
+def _mlp_wine(gen, batch_size, lr, planned):
     model = _mlp([13, 32, 3])
-    return _supervised(
-        _sklearn_xy("wine"), model, F.cross_entropy,
-        torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_sklearn_xy("wine"), model, F.cross_entropy,
+                         torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size)
 
 
-def _train_mlp_diabetes(gen, batch_size, lr, cap):
+def _squeezed_mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out.squeeze(-1), y)
+
+
+def _mlp_diabetes(gen, batch_size, lr, planned):
     model = _mlp([10, 32, 32, 1])
-    return _supervised(
-        _sklearn_xy("diabetes"), model, lambda out, y: F.mse_loss(out.squeeze(-1), y),
-        torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_sklearn_xy("diabetes"), model, _squeezed_mse,
+                         torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size)
 
 
 class _CharGRU(nn.Module):
@@ -242,22 +223,10 @@ class _CharGRU(nn.Module):
         return self.head(self.gru(self.embed(x))[0])
 
 
-def _train_gru_charlm(gen, batch_size, lr, cap, context: int = 24):
+def _gru_charlm(gen, batch_size, lr, planned):
     corpus, vocab = _text_corpus()
     model = _CharGRU(vocab)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    steps = torch.arange(context + 1)
-    losses = np.empty(cap)
-    for i in range(cap):
-        start = torch.randint(0, len(corpus) - context - 1, (batch_size, 1), generator=gen)
-        window = corpus[start + steps]
-        logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, vocab), window[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses[i] = loss.item()
-    return losses
+    return LanguageModelJob(corpus, vocab, model, torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size)
 
 
 class _AddingLSTM(nn.Module):
@@ -270,12 +239,10 @@ class _AddingLSTM(nn.Module):
         return self.head(self.lstm(x)[0][:, -1]).squeeze(-1)
 
 
-def _train_lstm_adding(gen, batch_size, lr, cap):
+def _lstm_adding(gen, batch_size, lr, planned):
     model = _AddingLSTM()
-    return _supervised(
-        _adding_problem(), model, F.mse_loss,
-        torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_adding_problem(), model, F.mse_loss,
+                         torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size)
 
 
 class _SignalCNN(nn.Module):
@@ -290,12 +257,10 @@ class _SignalCNN(nn.Module):
         return self.head(x.mean(-1))
 
 
-def _train_cnn1d_signals(gen, batch_size, lr, cap):
+def _cnn1d_signals(gen, batch_size, lr, planned):
     model = _SignalCNN()
-    return _supervised(
-        _waveforms(), model, F.cross_entropy,
-        torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_waveforms(), model, F.cross_entropy,
+                         torch.optim.Adam(model.parameters(), lr=lr), gen, batch_size)
 
 
 class _TinyViT(nn.Module):
@@ -318,82 +283,33 @@ class _TinyViT(nn.Module):
         return self.head(self.block(tokens)[:, 0])
 
 
-def _train_vit_digits(gen, batch_size, lr, cap):
+def _vit_digits(gen, batch_size, lr, planned):
     model = _TinyViT()
-    return _supervised(
-        _sklearn_xy("digits"), model, F.cross_entropy,
-        torch.optim.AdamW(model.parameters(), lr=lr), gen, batch_size, cap,
-    )
+    return SupervisedJob(_sklearn_xy("digits"), model, F.cross_entropy,
+                         torch.optim.AdamW(model.parameters(), lr=lr), gen, batch_size)
 
 
-def _train_dqn(env_id: str, gen, batch_size, lr, cap, warmup: int = 256, target_every: int = 50):
-    """DQN with a replay buffer: one env step and one gradient step per batch.
+def _q_network(n_obs: int, n_act: int) -> nn.Module:
+    return _mlp([n_obs, 64, 64, n_act])
 
-    The recorded loss is the Huber TD loss of each gradient step; it is what
-    an RL practitioner watches, and it need not decrease monotonically.
-    """
-    import gymnasium as gym
 
-    env = gym.make(env_id)
-    n_obs, n_act = env.observation_space.shape[0], env.action_space.n
-    q = _mlp([n_obs, 64, 64, n_act])
-    target = _mlp([n_obs, 64, 64, n_act])
-    target.load_state_dict(q.state_dict())
-    opt = torch.optim.Adam(q.parameters(), lr=lr)
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-    rng = np.random.default_rng(seed)
-    size = warmup + cap
-    buf_o = np.zeros((size, n_obs), np.float32)
-    buf_a = np.zeros(size, np.int64)
-    buf_r = np.zeros(size, np.float32)
-    buf_n = np.zeros((size, n_obs), np.float32)
-    buf_d = np.zeros(size, np.float32)
-    obs, _ = env.reset(seed=seed)
-    env.action_space.seed(seed)
-    losses = np.empty(cap)
-    for t in range(size):
-        eps = max(0.05, 1.0 - t / (0.6 * size))
-        if t < warmup or rng.random() < eps:
-            action = int(env.action_space.sample())
-        else:
-            with torch.no_grad():
-                action = int(q(torch.as_tensor(obs)).argmax())
-        nxt, reward, term, trunc, _ = env.step(action)
-        buf_o[t], buf_a[t], buf_r[t], buf_n[t], buf_d[t] = obs, action, reward, nxt, float(term)
-        obs = nxt
-        if term or trunc:
-            obs, _ = env.reset()
-        if t < warmup:
-            continue
-        idx = torch.as_tensor(rng.integers(0, t + 1, batch_size))
-        o, a = torch.as_tensor(buf_o[idx]), torch.as_tensor(buf_a[idx])
-        r, n, d = torch.as_tensor(buf_r[idx]), torch.as_tensor(buf_n[idx]), torch.as_tensor(buf_d[idx])
-        with torch.no_grad():
-            y = r + 0.99 * (1 - d) * target(n).max(1).values
-        loss = F.smooth_l1_loss(q(o).gather(1, a[:, None]).squeeze(1), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses[t - warmup] = loss.item()
-        if (t - warmup) % target_every == 0:
-            target.load_state_dict(q.state_dict())
-    env.close()
-    return losses
+def _dqn(env_id: str, gen, batch_size, lr, planned):
+    return DQNJob(env_id, _q_network, gen, batch_size, lr, planned)
 
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
-        Family("mlp_digits", "id", "mlp", "digits", (16, 32, 64), (0.003, 0.05), _train_mlp_digits),
-        Family("cnn_digits", "id", "cnn", "digits", (16, 32, 64), (3e-4, 5e-3), _train_cnn_digits),
-        Family("logreg_cancer", "id", "logreg", "breast_cancer", (8, 16, 32), (1e-3, 3e-2), _train_logreg_cancer),
-        Family("mlp_wine", "id", "mlp", "wine", (8, 16, 32), (3e-4, 1e-2), _train_mlp_wine),
-        Family("mlp_diabetes", "id", "mlp", "diabetes", (16, 32, 64), (3e-4, 1e-2), _train_mlp_diabetes),
-        Family("gru_charlm", "id", "gru", "sklearn_descr_text", (16, 32), (2e-3, 2e-2), _train_gru_charlm),
-        Family("lstm_adding", "id", "lstm", "adding_problem", (16, 32, 64), (1e-3, 2e-2), _train_lstm_adding),
-        Family("cnn1d_signals", "id", "cnn1d", "waveforms", (16, 32, 64), (3e-4, 1e-2), _train_cnn1d_signals),
-        Family("dqn_cartpole", "rl_ood", "dqn", "CartPole-v1", (32, 64), (1e-4, 3e-3), functools.partial(_train_dqn, "CartPole-v1")),
-        Family("dqn_acrobot", "rl_ood", "dqn", "Acrobot-v1", (32, 64), (1e-4, 3e-3), functools.partial(_train_dqn, "Acrobot-v1")),
-        Family("vit_digits", "vit_ood", "vit", "digits", (16, 32, 64), (3e-4, 5e-3), _train_vit_digits),
+        Family("mlp_digits", "id", "mlp", "digits", (16, 32, 64), (0.003, 0.05), _mlp_digits),
+        Family("cnn_digits", "id", "cnn", "digits", (16, 32, 64), (3e-4, 5e-3), _cnn_digits),
+        Family("logreg_cancer", "id", "logreg", "breast_cancer", (8, 16, 32), (1e-3, 3e-2), _logreg_cancer),
+        Family("mlp_wine", "id", "mlp", "wine", (8, 16, 32), (3e-4, 1e-2), _mlp_wine),
+        Family("mlp_diabetes", "id", "mlp", "diabetes", (16, 32, 64), (3e-4, 1e-2), _mlp_diabetes),
+        Family("gru_charlm", "id", "gru", "sklearn_descr_text", (16, 32), (2e-3, 2e-2), _gru_charlm),
+        Family("lstm_adding", "id", "lstm", "adding_problem", (16, 32, 64), (1e-3, 2e-2), _lstm_adding),
+        Family("cnn1d_signals", "id", "cnn1d", "waveforms", (16, 32, 64), (3e-4, 1e-2), _cnn1d_signals),
+        Family("dqn_cartpole", "rl_ood", "dqn", "CartPole-v1", (32, 64), (1e-4, 3e-3), functools.partial(_dqn, "CartPole-v1")),
+        Family("dqn_acrobot", "rl_ood", "dqn", "Acrobot-v1", (32, 64), (1e-4, 3e-3), functools.partial(_dqn, "Acrobot-v1")),
+        Family("vit_digits", "vit_ood", "vit", "digits", (16, 32, 64), (3e-4, 5e-3), _vit_digits),
     ]
 }
