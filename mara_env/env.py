@@ -183,9 +183,11 @@ class MultiNodeEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, config: EnvConfig | None = None, **overrides: Any) -> None:
+    def __init__(self, config: EnvConfig | None = None, curves: CurveSet | None = None, **overrides: Any) -> None:
+        """`curves`: the curve set to replay instead of the config's bank split (a live run
+        passes curves that grow as its jobs train, `mara_live.curves`)."""
         self.cfg = config = config or EnvConfig.from_overrides(**overrides)
-        self.curves = load_curves(config.bank_path, config.task_set, config.split)
+        self.curves = curves if curves is not None else load_curves(config.bank_path, config.task_set, config.split)
         wl = config.workload
         self.reference = (family_reference(self.curves, wl.eps_quantile)
                           if wl.threshold_source == "family" else None)
@@ -307,6 +309,7 @@ class MultiNodeEnv(gym.Env):
             self.batches = np.ones(len(served), np.int64)
         if len(served):
             old = self.n_obs[served]
+            self.reveal(served, np.minimum(old + self.batches, self.cap))
             n = old.copy()
             hit = np.zeros(len(served), bool)
             for j in range(int(self.batches.max())):  # one revealed point at a time, up to the cap
@@ -348,6 +351,10 @@ class MultiNodeEnv(gym.Env):
         if terminated:
             info.update(self.episode_summary())
         return float(reward), terminated, info
+
+    def reveal(self, tasks: np.ndarray, upto: np.ndarray) -> None:
+        """Make the first upto[i] points of task tasks[i]'s curve known before they are read.
+        A bank's curves are known in full; a live env trains its jobs here."""
 
     def _remove_finished(self) -> int:
         """Drop succeeded tasks and expire those past their last step; refill from the queue."""

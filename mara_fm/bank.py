@@ -61,6 +61,12 @@ class CurveSet:
         return np.log(self.avg)
 
     @property
+    def revision(self) -> int:
+        """Changes whenever a curve's known points change: never for a bank's curves
+        (derived arrays may be cached per curve set and revision)."""
+        return 0
+
+    @property
     def cap(self) -> int:
         return int(self.losses.shape[1])
 

@@ -19,6 +19,7 @@ from mara_common.tracking import check_reachable, tracking_uri
 from mara_env.env import EnvConfig
 from mara_fm import commands as predictor_commands
 from mara_fm.build_bank import profile_bank
+from mara_live import commands as live_commands
 from mara_rl import pipeline, scheduler_commands
 from mara_rl.bench import run_bench
 from mara_rl.evaluate import EvalConfig, evaluate, markdown_table
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     predictor_commands.register(sub, common)
     scheduler_commands.register(sub, common)
     pipeline.register(sub, common)
+    live_commands.register(sub, common)
     return parser
 
 

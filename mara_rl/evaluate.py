@@ -23,7 +23,7 @@ from mara_common.paths import EPISODE_DIR
 from mara_common.threads import torch_threads
 from mara_common.tracking import mlflow_run
 from mara_env.cluster import ClusterConfig
-from mara_env.env import VIEW_OPTIONS, EnvConfig, load_curves
+from mara_env.env import EnvConfig, load_curves
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import (
     Episode,
@@ -146,8 +146,7 @@ def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Epis
     if method.cluster is not None and ClusterConfig(**method.cluster) != env_cfg.cluster:
         raise ConfigError(f"{method.name}: the policy was trained with cluster options {method.cluster}, "
                           f"the evaluation runs {asdict(env_cfg.cluster)}; evaluate it in its own profile")
-    cfg = EnvConfig(**{**asdict(env_cfg), **dict.fromkeys(VIEW_OPTIONS), **method.view,
-                       "predictor": method.predictor, "strict": True})
+    cfg = method.env_config(env_cfg, strict=True)
     flat = [ep for root_eps in episodes for ep in root_eps]
     outs = replay_in_lockstep(cfg, flat, method.make())
     completion = completion_by_slack(flat, [out["succeeded"] for out in outs],

@@ -11,13 +11,14 @@ task alone on a node (docs/design.md §6).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mara_common.config import ConfigError
+from mara_env.env import VIEW_OPTIONS, EnvConfig
 from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide
 from mara_rl.policy import act, load_policy, policy_env
@@ -109,6 +110,11 @@ class Method:
     view: dict[str, Any] = field(default_factory=dict)
     # A policy's `EnvConfig.cluster` (as a dict): the evaluation must run the same.
     cluster: dict[str, Any] | None = None
+
+    def env_config(self, env_cfg: EnvConfig, **extra: Any) -> EnvConfig:
+        """`env_cfg` with this method's predictor and view options (the others off)."""
+        return EnvConfig(**{**asdict(env_cfg), **dict.fromkeys(VIEW_OPTIONS), **self.view,
+                            "predictor": self.predictor, **extra})
 
 
 def classic(name: str) -> Callable[[], BatchDecide]:

@@ -6,13 +6,13 @@ node's row is labelled with its speed. One panel per method, on the same episode
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mara_common.plotting import plt, save_figure
-from mara_env.env import VIEW_OPTIONS, EnvConfig, MultiNodeEnv
+from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import Episode
 from mara_rl.methods import Method
@@ -34,8 +34,7 @@ class Timeline:
 def record(method: Method, env_cfg: EnvConfig, episode: Episode) -> Timeline:
     """Replay `episode` with `method`, keeping each node's task and restore state per step
     (`MultiNodeEnv.node_task`, `node_restoring`, read after every step)."""
-    cfg = EnvConfig(**{**asdict(env_cfg), **dict.fromkeys(VIEW_OPTIONS), **method.view,
-                       "predictor": method.predictor})
+    cfg = method.env_config(env_cfg)
     served, restoring, env = [], [], []
     decide = method.make()
 

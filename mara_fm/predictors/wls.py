@@ -27,7 +27,7 @@ class WLSPredictor(Predictor):
         self.gamma = gamma
         self.ridge = ridge
         self._grow(512)  # history length; grown on demand
-        self._source_fits: dict[int, tuple[CurveSet, np.ndarray, np.ndarray]] = {}
+        self._source_fits: dict[tuple[int, int], tuple[CurveSet, np.ndarray, np.ndarray]] = {}
 
     def _grow(self, length: int) -> None:
         """Tables that make a refit cost two mat-vec products per batch of tasks.
@@ -60,7 +60,8 @@ class WLSPredictor(Predictor):
 
     def _fits_of(self, source: CurveSet) -> tuple[np.ndarray, np.ndarray]:
         """(α, b) of every prefix of every curve of `source`, shape (C, cap); index n−1."""
-        entry = self._source_fits.get(id(source))
+        key = (id(source), source.revision)
+        entry = self._source_fits.get(key)
         if entry is None or entry[0] is not source:
             cap = source.cap
             if cap + 1 > len(self._powers):
@@ -75,7 +76,7 @@ class WLSPredictor(Predictor):
             alpha, b = self._fit(n, source.batch_size[:, None], sy, sy_log_i)
             if len(self._source_fits) >= 8:
                 self._source_fits.clear()
-            entry = self._source_fits[id(source)] = (source, alpha, b)
+            entry = self._source_fits[key] = (source, alpha, b)
         return entry[1], entry[2]
 
     def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:

@@ -1,0 +1,55 @@
+"""What the simulator says about a live run: its replay on the live curves, and its prediction.
+
+- `replay_live_run`: the simulator (a plain `MultiNodeEnv`) replays the stream on
+  the bank the live run saved. It must reproduce every logged decision and every
+  success: the whole loop — training on Ray, checkpoints, restores after faults,
+  the forecasts — left nothing in the run that its curves do not explain.
+- `predicted_success`: the simulator's forecast for the stream before any job ran,
+  replayed on the bank curves that set each job's threshold (`Stream.stand_in_episode`):
+  what evaluation on recorded runs says this method would achieve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mara_common.threads import torch_threads
+from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.vector import BatchDecide, replay_in_lockstep
+from mara_live.curves import LIVE_TASK_SET
+from mara_live.runner import BANK, LOG, RESULT, keep_in_place
+from mara_live.streams import Stream
+from mara_rl.methods import Method
+
+
+def placed(decide: BatchDecide) -> BatchDecide:
+    """`decide` with the live runner's node placement (`keep_in_place`)."""
+    def run(obs: dict[str, np.ndarray], envs: list[MultiNodeEnv]) -> np.ndarray:
+        return np.stack([keep_in_place(a, env.node_slots()) for a, env in zip(decide(obs, envs), envs, strict=True)])
+    return run
+
+
+def replay_live_run(method: Method, env_cfg: EnvConfig, stream: Stream, run_dir: Path) -> dict:
+    """Replay a finished live run in the simulator: {"decisions", "matching_decisions",
+    "successes_match", "replayed_success_rate"}."""
+    cfg = method.env_config(env_cfg, bank=str(run_dir / BANK), task_set=LIVE_TASK_SET, split="test",
+                            horizon=stream.horizon)
+    logged = [json.loads(line)["action"] for line in (run_dir / LOG).read_text().splitlines()]
+    actions: list[list[int]] = []
+    with torch_threads(1):
+        out = replay_in_lockstep(cfg, [stream.episode()], placed(method.make()),
+                                 on_step=lambda i, obs, action, reward: actions.append(action.tolist()))[0]
+    live = json.loads((run_dir / RESULT).read_text())
+    return {"decisions": len(logged), "matching_decisions": sum(a == b for a, b in zip(actions, logged, strict=False)),
+            "successes_match": out["succeeded"].tolist() == live["succeeded"],
+            "replayed_success_rate": float(out["success_rate"])}
+
+
+def predicted_success(method: Method, env_cfg: EnvConfig, stream: Stream) -> float:
+    """The simulator's success rate for `stream` on the bank's recorded runs (the stand-ins)."""
+    cfg = method.env_config(env_cfg, horizon=stream.horizon)
+    with torch_threads(1):
+        return float(replay_in_lockstep(cfg, [stream.stand_in_episode()], method.make())[0]["success_rate"])

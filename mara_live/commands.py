@@ -1,0 +1,140 @@
+"""Live-mode subcommands of the `mara` CLI: `live` (one run) and `live-compare` (live against
+the simulator, several streams and methods)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mara_common.config import ConfigError
+from mara_common.profile import Profile
+from mara_env.env import EnvConfig
+from mara_fm.build_bank import profile_bank
+from mara_live.check import predicted_success, replay_live_run
+from mara_live.report import (
+    comparison_table,
+    log_live_run,
+    plot_comparison,
+    plot_curves,
+    plot_live_timeline,
+    save_rows,
+)
+from mara_live.runner import LiveConfig, LiveResult, run_live
+from mara_live.streams import Stream, generate_stream, load_stream, save_stream
+from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
+
+LIVE_MD, LIVE_PNG, LIVE_JSON = "live.md", "live.png", "live.json"
+
+
+def live_method(profile: Profile, env_cfg: EnvConfig, name: str, policy: str | None = None) -> Method:
+    """A method of the evaluation by name; a learned one reads `policy` or the profile's seed-0 run."""
+    if name in SPECS:
+        methods = builtin_methods(profile.paths.predictor if profile.paths.predictor.exists() else None,
+                                  env_cfg.view_options)
+        if name not in methods:
+            raise ConfigError(f"method {name!r} needs {' and '.join(SPECS[name].needs())}")
+        return methods[name]
+    if name not in {v.name for v in VARIANTS} and not policy:
+        raise ConfigError(f"unknown method {name!r}; known: {sorted(SPECS)} and the learned {[v.name for v in VARIANTS]}")
+    if not policy:
+        from mara_rl.pipeline import trained_policies
+
+        found = trained_policies(profile).get((name, 0))
+        if found is None or not found.exists():
+            raise FileNotFoundError(f"no exported policy for {name!r} (train it: make train-scheduler), or pass --policy")
+        policy = str(found.parent)
+    return learned(name, policy)
+
+
+def live_env_config(profile: Profile, bank: Path, cfg: LiveConfig) -> EnvConfig:
+    return profile.section(EnvConfig, "env", bank=str(bank), task_set=cfg.task_set, split=cfg.split,
+                           horizon=cfg.horizon, arrival_prob=cfg.arrival_prob)
+
+
+def live_run(method: Method, env_cfg: EnvConfig, stream: Stream, out: Path, cfg: LiveConfig,
+             tags: dict[str, Any], progress: bool = True) -> tuple[LiveResult, dict]:
+    """A live run, its replay in the simulator, its plots and its MLflow run."""
+    save_stream(stream, out / "stream.json")
+    result = run_live(method, env_cfg, stream, out, cfg, progress=progress)
+    check = replay_live_run(method, env_cfg, stream, out)
+    plot_curves(out, stream, result)
+    plot_live_timeline(out, method.name, result)
+    log_live_run(out, method.name, stream, result, check, tags)
+    return result, check
+
+
+def cmd_live(args: argparse.Namespace) -> None:
+    profile: Profile = args.profile
+    cfg = profile.section(LiveConfig, "live", kill_at=args.kill_at, horizon=args.horizon)
+    env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
+    stream = load_stream(args.stream) if args.stream else generate_stream(env_cfg, args.stream_seed or cfg.stream_seed)
+    method = live_method(profile, env_cfg, args.method, args.policy)
+    out = Path(args.out) if args.out else profile.paths.report / "live" / f"{method.name}-stream{stream.meta.get('seed', 'file')}"
+    result, check = live_run(method, env_cfg, stream, out, cfg, {"profile": profile.name, "kind": "live"})
+    print(f"{method.name}: {sum(result.succeeded)} of {len(result.succeeded)} jobs succeeded "
+          f"({100 * result.success_rate:.1f}%), {result.stats['faults']} node fault(s), "
+          f"{result.stats['replayed_batches']} batches retrained after them; scheduler overhead "
+          f"{result.overhead_ms:.2f} ms per tick")
+    print(f"simulator replay on the live curves: {check['matching_decisions']} of {check['decisions']} decisions "
+          f"and {'every' if check['successes_match'] else 'NOT every'} success reproduced")
+    print(f"run folder: {out}")
+
+
+def cmd_live_compare(args: argparse.Namespace) -> None:
+    profile: Profile = args.profile
+    cfg = profile.section(LiveConfig, "live", streams=args.streams)
+    cfg = replace(cfg, kill_at=-1, show_every=0)
+    env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
+    names = args.methods.split(",") if args.methods else list(cfg.methods)
+    methods = [live_method(profile, env_cfg, name) for name in names]
+    out = Path(args.out) if args.out else profile.paths.report / "live"
+    rows = []
+    for seed in range(cfg.stream_seed, cfg.stream_seed + cfg.streams):
+        stream = generate_stream(env_cfg, seed)
+        for method in methods:
+            run_dir = out / f"{method.name}-stream{seed}"
+            result, check = live_run(method, env_cfg, stream, run_dir, cfg,
+                                     {"profile": profile.name, "kind": "live-compare"}, progress=False)
+            rows.append({"stream": seed, "jobs": len(stream.jobs), "method": method.name,
+                         "live": result.success_rate, "simulated": predicted_success(method, env_cfg, stream),
+                         "replay_exact": check["successes_match"] and check["matching_decisions"] == check["decisions"],
+                         "overhead_ms": result.overhead_ms})
+            print(json.dumps(rows[-1]), flush=True)
+    table = comparison_table(rows)
+    results = profile.paths.results
+    results.mkdir(parents=True, exist_ok=True)
+    (results / LIVE_MD).write_text(
+        f"# Live against the simulator ({profile.name} profile)\n\n"
+        f"Generated by `mara live-compare`: {cfg.streams} streams (seeds {cfg.stream_seed}..), drawn from the "
+        f"bank's {cfg.task_set} {cfg.split} curves at p = {cfg.arrival_prob} over {cfg.horizon} ticks; every job a "
+        "fresh run of its stand-in curve's family, trained on 7 Ray node actors. `simulator`: the same streams "
+        "replayed on the stand-in curves. `replay exact`: the simulator replaying each live run on its own "
+        f"curves reproduced every decision and success.\n\n{table}\n\n![live vs simulator]({LIVE_PNG})\n")
+    plot_comparison(rows, results / LIVE_PNG)
+    save_rows(rows, out / LIVE_JSON)
+    print(table)
+
+
+def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser("live", parents=[common], help="schedule real training jobs on Ray node actors")
+    p.add_argument("--method", default="mara", help="an evaluation method or learned variant (default mara)")
+    p.add_argument("--policy", help="an exported policy folder for a learned method")
+    p.add_argument("--stream", help="a job stream file (default: one generated with the profile's workload)")
+    p.add_argument("--stream-seed", type=int, help="seed of the generated stream (default [live] stream_seed)")
+    p.add_argument("--horizon", type=int, help="ticks of a generated stream (default [live] horizon)")
+    p.add_argument("--kill-at", type=int, help="kill one node actor at this tick, to show recovery")
+    p.add_argument("--bank")
+    p.add_argument("--out", help="run folder (default reports/<profile>/live/<method>-stream<seed>); "
+                   "an interrupted run there resumes")
+    p.set_defaults(func=cmd_live, outputs=("out",))
+
+    p = subparsers.add_parser("live-compare", parents=[common],
+                              help="methods live on Ray against the simulator's prediction, several streams")
+    p.add_argument("--methods", help="comma-separated (default [live] methods)")
+    p.add_argument("--streams", type=int, help="generated streams (default [live] streams)")
+    p.add_argument("--bank")
+    p.add_argument("--out", help="folder of the runs (default reports/<profile>/live)")
+    p.set_defaults(func=cmd_live_compare, outputs=("out",))

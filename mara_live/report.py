@@ -1,0 +1,110 @@
+"""Seeing a live run: its plots, its MLflow run, and the live-versus-simulator table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mara_common.plotting import plt, save_figure
+from mara_common.tracking import mlflow_run
+from mara_live.runner import BANK, LOG, RESULT, LiveResult
+from mara_live.streams import Stream
+from mara_rl.timeline import Timeline
+from mara_rl.timeline import plot as plot_timeline
+
+LIVE_EXPERIMENT = "mara-live"
+TIMELINE_PNG, CURVES_PNG = "timeline.png", "curves.png"
+
+
+def plot_curves(run_dir: Path, stream: Stream, result: LiveResult) -> Path:
+    """Every job's cumulative-average loss over its threshold, log scale: a job succeeds
+    where its line reaches 1 (green: it did, grey: it did not)."""
+    from mara_fm.bank import load_bank
+
+    bank = load_bank(run_dir / BANK)
+    known = result.stats["known_points"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (losses, job) in enumerate(zip(bank["losses"], stream.jobs, strict=True)):
+        n = known[i]
+        if not n:
+            continue
+        avg = np.cumsum(losses[:n]) / np.arange(1, n + 1)
+        ax.plot(np.arange(1, n + 1), avg / job.eps, color="tab:green" if result.succeeded[i] else "0.6", lw=0.8)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("batches trained")
+    ax.set_ylabel("cumulative-average loss / target")
+    ax.set_title(f"{sum(result.succeeded)} of {len(result.succeeded)} jobs reached their target in time")
+    return save_figure(fig, run_dir / CURVES_PNG)
+
+
+def plot_live_timeline(run_dir: Path, name: str, result: LiveResult) -> Path:
+    served = result.served
+    timeline = Timeline(served, np.zeros_like(served, bool), np.asarray(result.succeeded), np.ones(served.shape[1]))
+    return plot_timeline({f"{name} (live)": timeline}, run_dir / TIMELINE_PNG)
+
+
+def log_live_run(run_dir: Path, name: str, stream: Stream, result: LiveResult, check: dict[str, Any],
+                 tags: dict[str, Any]) -> None:
+    """One MLflow run: settings, the success and cost figures, each job's loss curve as a
+    metric series (`loss/<job>`), and the plots, log and live bank as artifacts."""
+    import mlflow
+
+    from mara_fm.bank import load_bank
+
+    bank = load_bank(run_dir / BANK)
+    with mlflow_run(LIVE_EXPERIMENT, f"{name} {run_dir.name}", {**tags, "method": name}):
+        mlflow.log_params({"method": name, "jobs": len(stream.jobs), "horizon": stream.horizon,
+                           **{f"stream.{k}": v for k, v in stream.meta.items()}})
+        figures = {k: v for k, v in result.stats.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        mlflow.log_metrics({"success_rate": result.success_rate, "overhead_ms": result.overhead_ms, **figures,
+                            **{k: float(v) for k, v in check.items()}})
+        for cid, losses, n in zip(bank["curve_id"], bank["losses"], result.stats["known_points"], strict=True):
+            metrics = [mlflow.entities.Metric(f"loss/{cid}", float(v), 0, step) for step, v in enumerate(losses[:n])]
+            mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=metrics)
+        for artifact in (TIMELINE_PNG, CURVES_PNG, LOG, RESULT, BANK):
+            if (run_dir / artifact).exists():
+                mlflow.log_artifact(str(run_dir / artifact))
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> str:
+    """Per method: live and simulated success (mean over streams) and their difference; then per stream."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines = ["| method | live % | simulator % | live − simulator | streams | replay exact |",
+             "|---|---|---|---|---|---|"]
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        live = 100 * np.mean([r["live"] for r in mine])
+        sim = 100 * np.mean([r["simulated"] for r in mine])
+        exact = all(r["replay_exact"] for r in mine)
+        lines.append(f"| {m} | {live:.2f} | {sim:.2f} | {live - sim:+.2f} | {len(mine)} | {'yes' if exact else 'NO'} |")
+    lines += ["", "| stream | jobs | " + " | ".join(f"{m} live / sim" for m in methods) + " |",
+              "|---|---|" + "---|" * len(methods)]
+    for seed in dict.fromkeys(r["stream"] for r in rows):
+        cells = {r["method"]: r for r in rows if r["stream"] == seed}
+        jobs = next(iter(cells.values()))["jobs"]
+        lines.append(f"| {seed} | {jobs} | " + " | ".join(
+            f"{100 * cells[m]['live']:.1f} / {100 * cells[m]['simulated']:.1f}" for m in methods) + " |")
+    return "\n".join(lines)
+
+
+def plot_comparison(rows: list[dict[str, Any]], path: Path) -> Path:
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    live = [100 * np.mean([r["live"] for r in rows if r["method"] == m]) for m in methods]
+    sim = [100 * np.mean([r["simulated"] for r in rows if r["method"] == m]) for m in methods]
+    x = np.arange(len(methods))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(x - 0.2, live, 0.4, label="live (fresh runs on Ray)")
+    ax.bar(x + 0.2, sim, 0.4, label="simulator (the bank's runs)")
+    ax.set_xticks(x, methods)
+    ax.set_ylabel("success %")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def save_rows(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.write_text(json.dumps(rows, indent=1))
+    return path
