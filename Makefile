@@ -30,7 +30,7 @@ RAY_DASH  ?= 8266
 RAY_PORTS ?= 26380
 
 .PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
-	evaluate bench mlflow-ui clean ray-up ray-down
+	evaluate bench live live-compare mlflow-ui clean ray-up ray-down
 
 setup: $(VENV)/.installed
 
@@ -48,7 +48,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 		touch $@'
 
 lint: setup
-	$(VENV)/bin/ruff check mara_common mara_fm mara_env mara_rl experiments tests
+	$(VENV)/bin/ruff check mara_common mara_fm mara_env mara_live mara_rl experiments tests
 
 test: lint
 	$(PY) -m pytest -q
@@ -82,7 +82,20 @@ evaluate: $(BANK)
 	$(MARA) evaluate-all --profile $(PROFILE) $(if $(EXTRA),--policies $(EXTRA))
 
 bench: $(FM)/config.json
-	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM)
+	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM) $(if $(wildcard artifacts/scheduler/$(PROFILE)-seed0/policy),--live mara,--live lara_fm_optimistic)
+
+# Live mode (docs/design.md §11): real jobs on 7 Ray node actors (RAY_ADDRESS: a cluster).
+# `make live` runs MARA (METHOD=...) on one generated stream of about 40 jobs and kills one
+# node actor on purpose at tick KILL_AT; rerunning it resumes an interrupted run.
+METHOD  ?= mara
+KILL_AT ?= 300
+live: $(FM)/config.json
+	$(MARA) live --profile $(PROFILE) --bank $(BANK) --method $(METHOD) --kill-at $(KILL_AT)
+
+# Each method of [live] methods live on [live] streams generated streams, beside the
+# simulator's prediction: results/<profile>/live.md.
+live-compare: $(FM)/config.json
+	$(MARA) live-compare --profile $(PROFILE) --bank $(BANK)
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,6 @@ from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_live.curves import LIVE_TASK_SET
 from mara_live.runner import BANK, LOG, RESULT, keep_in_place
 from mara_live.streams import Stream
-from mara_rl.methods import Method
 
 
 def placed(decide: BatchDecide) -> BatchDecide:
@@ -32,15 +33,14 @@ def placed(decide: BatchDecide) -> BatchDecide:
     return run
 
 
-def replay_live_run(method: Method, env_cfg: EnvConfig, stream: Stream, run_dir: Path) -> dict:
-    """Replay a finished live run in the simulator: {"decisions", "matching_decisions",
-    "successes_match", "replayed_success_rate"}."""
-    cfg = method.env_config(env_cfg, bank=str(run_dir / BANK), task_set=LIVE_TASK_SET, split="test",
-                            horizon=stream.horizon)
+def replay_live_run(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream, run_dir: Path) -> dict:
+    """Replay a finished live run in the simulator (`env_cfg` as the run had it): {"decisions",
+    "matching_decisions", "successes_match", "replayed_success_rate"}."""
+    cfg = replace(env_cfg, bank=str(run_dir / BANK), task_set=LIVE_TASK_SET, split="test", horizon=stream.horizon)
     logged = [json.loads(line)["action"] for line in (run_dir / LOG).read_text().splitlines()]
     actions: list[list[int]] = []
     with torch_threads(1):
-        out = replay_in_lockstep(cfg, [stream.episode()], placed(method.make()),
+        out = replay_in_lockstep(cfg, [stream.episode()], placed(make_decide()),
                                  on_step=lambda i, obs, action, reward: actions.append(action.tolist()))[0]
     live = json.loads((run_dir / RESULT).read_text())
     return {"decisions": len(logged), "matching_decisions": sum(a == b for a, b in zip(actions, logged, strict=False)),
@@ -48,8 +48,8 @@ def replay_live_run(method: Method, env_cfg: EnvConfig, stream: Stream, run_dir:
             "replayed_success_rate": float(out["success_rate"])}
 
 
-def predicted_success(method: Method, env_cfg: EnvConfig, stream: Stream) -> float:
+def predicted_success(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream) -> float:
     """The simulator's success rate for `stream` on the bank's recorded runs (the stand-ins)."""
-    cfg = method.env_config(env_cfg, horizon=stream.horizon)
     with torch_threads(1):
-        return float(replay_in_lockstep(cfg, [stream.stand_in_episode()], method.make())[0]["success_rate"])
+        return float(replay_in_lockstep(replace(env_cfg, horizon=stream.horizon), [stream.stand_in_episode()],
+                                        make_decide())[0]["success_rate"])

@@ -1,4 +1,4 @@
-"""Seeing a live run: its plots, its MLflow run, and the live-versus-simulator table."""
+"""Seeing a live run: its curves plot, its MLflow run, and the live-versus-simulator table."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import numpy as np
 
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
-from mara_live.runner import BANK, LOG, RESULT, LiveResult
+from mara_fm.bank import load_bank
+from mara_live.runner import BANK, LOG, RESULT, LiveResult, overhead_figures
 from mara_live.streams import Stream
-from mara_rl.timeline import Timeline
-from mara_rl.timeline import plot as plot_timeline
 
 LIVE_EXPERIMENT = "mara-live"
 TIMELINE_PNG, CURVES_PNG = "timeline.png", "curves.png"
@@ -22,8 +21,6 @@ TIMELINE_PNG, CURVES_PNG = "timeline.png", "curves.png"
 def plot_curves(run_dir: Path, stream: Stream, result: LiveResult) -> Path:
     """Every job's cumulative-average loss over its threshold, log scale: a job succeeds
     where its line reaches 1 (green: it did, grey: it did not)."""
-    from mara_fm.bank import load_bank
-
     bank = load_bank(run_dir / BANK)
     known = result.stats["known_points"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -41,26 +38,19 @@ def plot_curves(run_dir: Path, stream: Stream, result: LiveResult) -> Path:
     return save_figure(fig, run_dir / CURVES_PNG)
 
 
-def plot_live_timeline(run_dir: Path, name: str, result: LiveResult) -> Path:
-    served = result.served
-    timeline = Timeline(served, np.zeros_like(served, bool), np.asarray(result.succeeded), np.ones(served.shape[1]))
-    return plot_timeline({f"{name} (live)": timeline}, run_dir / TIMELINE_PNG)
-
-
 def log_live_run(run_dir: Path, name: str, stream: Stream, result: LiveResult, check: dict[str, Any],
                  tags: dict[str, Any]) -> None:
     """One MLflow run: settings, the success and cost figures, each job's loss curve as a
     metric series (`loss/<job>`), and the plots, log and live bank as artifacts."""
     import mlflow
 
-    from mara_fm.bank import load_bank
-
     bank = load_bank(run_dir / BANK)
     with mlflow_run(LIVE_EXPERIMENT, f"{name} {run_dir.name}", {**tags, "method": name}):
         mlflow.log_params({"method": name, "jobs": len(stream.jobs), "horizon": stream.horizon,
                            **{f"stream.{k}": v for k, v in stream.meta.items()}})
         figures = {k: v for k, v in result.stats.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        mlflow.log_metrics({"success_rate": result.success_rate, "overhead_ms": result.overhead_ms, **figures,
+        overhead = {f"overhead_ms_{k}": v for k, v in overhead_figures(result.overhead_ms).items()}
+        mlflow.log_metrics({"success_rate": result.success_rate, **overhead, **figures,
                             **{k: float(v) for k, v in check.items()}})
         for cid, losses, n in zip(bank["curve_id"], bank["losses"], result.stats["known_points"], strict=True):
             metrics = [mlflow.entities.Metric(f"loss/{cid}", float(v), 0, step) for step, v in enumerate(losses[:n])]
@@ -73,14 +63,15 @@ def log_live_run(run_dir: Path, name: str, stream: Stream, result: LiveResult, c
 def comparison_table(rows: list[dict[str, Any]]) -> str:
     """Per method: live and simulated success (mean over streams) and their difference; then per stream."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    lines = ["| method | live % | simulator % | live − simulator | streams | replay exact |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | live % | simulator % | live − simulator | streams | replay exact | overhead ms/tick "
+             "| restore ms | batch ms |", "|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         mine = [r for r in rows if r["method"] == m]
-        live = 100 * np.mean([r["live"] for r in mine])
-        sim = 100 * np.mean([r["simulated"] for r in mine])
+        live, sim = (100 * np.mean([r[k] for r in mine]) for k in ("live", "simulated"))
+        overhead, restore, batch = (np.mean([r[k] for r in mine]) for k in ("overhead_ms", "restore_ms", "batch_ms"))
         exact = all(r["replay_exact"] for r in mine)
-        lines.append(f"| {m} | {live:.2f} | {sim:.2f} | {live - sim:+.2f} | {len(mine)} | {'yes' if exact else 'NO'} |")
+        lines.append(f"| {m} | {live:.2f} | {sim:.2f} | {live - sim:+.2f} | {len(mine)} | {'yes' if exact else 'NO'} "
+                     f"| {overhead:.2f} | {restore:.1f} | {batch:.2f} |")
     lines += ["", "| stream | jobs | " + " | ".join(f"{m} live / sim" for m in methods) + " |",
               "|---|---|" + "---|" * len(methods)]
     for seed in dict.fromkeys(r["stream"] for r in rows):

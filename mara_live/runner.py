@@ -19,22 +19,24 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 from tqdm import tqdm
 
 from mara_common.config import ConfigError, check_config, setting
 from mara_common.threads import torch_threads
 from mara_env.env import ACTIVE, PENDING, SUCCEEDED, WAITING, EnvConfig, load_curves
+from mara_env.vector import BatchDecide
 from mara_fm.bank import save_bank
 from mara_live.curves import GrowingCurves
 from mara_live.env import Assignment, LiveEnv, Trainer
 from mara_live.nodes import NodeWorker
 from mara_live.streams import Stream
-from mara_rl.methods import Method
 
 LOG, RESULT, BANK = "ticks.jsonl", "result.json", "bank.parquet"
 
@@ -73,8 +75,6 @@ class RayNodes:
 
     def __init__(self, n_nodes: int, stream: Stream, curves: GrowingCurves, checkpoints: Path,
                  cfg: LiveConfig) -> None:
-        import ray
-
         self.ray = ray
         self.remote = ray.remote(num_cpus=cfg.cpus_per_node, num_gpus=cfg.gpus_per_node, max_restarts=0)(NodeWorker)
         self.stream, self.curves, self.cfg = stream, curves, cfg
@@ -205,17 +205,16 @@ class LiveResult:
     succeeded: list[bool]
     served: np.ndarray  # (T, N) the job each node served per tick (-1: idle)
     stats: dict[str, Any]
-    overhead_ms: float  # mean scheduler time per tick: allocator, predictor, bookkeeping (not training)
+    overhead_ms: np.ndarray  # scheduler time per tick: allocator, predictor, bookkeeping (not training)
 
 
-def run_live(method: Method, env_cfg: EnvConfig, stream: Stream, run_dir: Path, cfg: LiveConfig,
-             progress: bool = True) -> LiveResult:
-    """Run `stream` live with `method` in `run_dir` (resuming what is there)."""
-    import ray
-
-    env_cfg = method.env_config(env_cfg, horizon=stream.horizon)
+def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream, run_dir: Path,
+             cfg: LiveConfig, progress: bool = True) -> LiveResult:
+    """Run `stream` live in `run_dir` (resuming what is there) with the allocator `make_decide()`
+    builds; `env_cfg` carries its predictor and view options (`Method.env_config`)."""
+    env_cfg = replace(env_cfg, horizon=stream.horizon)
     run_dir.mkdir(parents=True, exist_ok=True)
-    identity = {"method": method.name, "seed": method.seed, "stream": [asdict(j) for j in stream.jobs],
+    identity = {"method": name, "stream": [asdict(j) for j in stream.jobs],
                 "horizon": stream.horizon, "predictor": str(env_cfg.predictor)}
     manifest = run_dir / "run.json"
     if manifest.exists() and json.loads(manifest.read_text()) != identity:
@@ -230,7 +229,7 @@ def run_live(method: Method, env_cfg: EnvConfig, stream: Stream, run_dir: Path, 
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
     nodes = RayNodes(env_cfg.n_nodes, stream, curves, run_dir / "checkpoints", cfg)
     recorder = Recorder(log, nodes)
-    decide = method.make()
+    decide = make_decide()
     served, overhead = [], []
     with torch_threads(1):
         env = LiveEnv(env_cfg, curves, recorder)
@@ -260,14 +259,21 @@ def run_live(method: Method, env_cfg: EnvConfig, stream: Stream, run_dir: Path, 
                 break
     summary = env.episode_summary()
     result = LiveResult(summary["success_rate"], (env.status == SUCCEEDED).tolist(), np.array(served),
-                        {**nodes.stats, **summary, "resumed_ticks": len(log.past),
-                         "known_points": curves.known.tolist()},
-                        1000 * float(np.mean(overhead)))
+                        {**nodes.stats, **summary, "expirations": env.stats["expirations"],
+                         "rejections": env.stats["rejections"], "resumed_ticks": len(log.past),
+                         "known_points": curves.known.tolist(), "batches": int(curves.known.sum())},
+                        1000 * np.array(overhead))
     save_bank(curves.to_bank([j.seed for j in stream.jobs]), run_dir / BANK)
-    (run_dir / RESULT).write_text(json.dumps({"method": method.name, "success_rate": result.success_rate,
-                                              "succeeded": result.succeeded, "overhead_ms": result.overhead_ms,
+    (run_dir / RESULT).write_text(json.dumps({"method": name, "success_rate": result.success_rate,
+                                              "succeeded": result.succeeded,
+                                              "overhead_ms": overhead_figures(result.overhead_ms),
                                               "stats": result.stats}, indent=1, default=float))
     return result
+
+
+def overhead_figures(per_tick_ms: np.ndarray) -> dict[str, float]:
+    return {"mean": float(per_tick_ms.mean()), "median": float(np.median(per_tick_ms)),
+            "p95": float(np.percentile(per_tick_ms, 95)), "max": float(per_tick_ms.max())}
 
 
 def keep_in_place(action: np.ndarray, node_slots: np.ndarray) -> np.ndarray:

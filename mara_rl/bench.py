@@ -1,4 +1,5 @@
-"""Throughput benchmarks: env steps/s, MAT latency, PPO training throughput, bank build rate.
+"""Throughput benchmarks: env steps/s, MAT latency, PPO training throughput, bank build rate,
+live-mode scheduler overhead.
 
 Figures are printed, not asserted: speed targets are measured here, never in
 unit tests. The env benchmark drives the simulator with a trivial valid
@@ -17,7 +18,10 @@ import numpy as np
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
+from mara_live.runner import LiveConfig, run_live
+from mara_live.streams import generate_stream
 from mara_rl.mat_module import MATConfig
+from mara_rl.methods import Method
 from mara_rl.policy import act, module_spec
 from mara_rl.scheduler_config import SchedulerConfig
 from mara_rl.train_scheduler import build_algorithm
@@ -112,12 +116,29 @@ def training_steps_per_second(sched: SchedulerConfig, env_cfg: EnvConfig, iterat
             ray.shutdown()
 
 
+def live_overhead(method: Method, env_cfg: EnvConfig, cfg: LiveConfig, ticks: int = 300) -> dict[str, float]:
+    """Scheduler time per tick of a live run on Ray (allocator, predictor and bookkeeping; the
+    nodes' training excluded), over a generated stream of `ticks` ticks."""
+    env_cfg = replace(env_cfg, horizon=ticks)
+    stream = generate_stream(env_cfg, cfg.stream_seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        result = run_live(method.name, method.make, method.env_config(env_cfg), stream, Path(tmp) / "run", cfg,
+                          progress=False)
+        seconds = time.perf_counter() - start
+    per_tick = result.overhead_ms
+    return {"live_overhead_ms_median": float(np.median(per_tick)), "live_overhead_ms_p95": float(np.percentile(per_tick, 95)),
+            "live_ticks_per_s": ticks / seconds, "live_jobs": len(stream.jobs)}
+
+
 def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
               fm_path: str | None = None, pooled_envs: int = 8,
               training: tuple[SchedulerConfig, EnvConfig] | None = None,
-              mat: MATConfig | None = None) -> dict[str, float]:
+              mat: MATConfig | None = None,
+              live: tuple[Method, EnvConfig, LiveConfig] | None = None) -> dict[str, float]:
     """Print and return every figure; `training` is a run's config and its training env,
-    `mat` the network whose decision latency is measured (the profile's)."""
+    `mat` the network whose decision latency is measured (the profile's), `live` a method
+    and the settings of a short live run."""
     results: dict[str, float] = {}
     predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
     for predictor in predictors:
@@ -139,6 +160,14 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
         print(f"PPO training throughput: {rate:.0f} env steps/s sampled and trained "
               f"({sched.num_env_runners} env runners x {sched.num_envs_per_env_runner} envs, "
               f"predictor={sched.predictor}, batch {sched.train_batch_size})")
+    if live is not None:
+        method, env_cfg, live_cfg = live
+        figures = live_overhead(method, env_cfg, live_cfg)
+        results.update(figures)
+        print(f"live scheduler overhead ({method.name}): {figures['live_overhead_ms_median']:.2f} ms per tick "
+              f"(median; p95 {figures['live_overhead_ms_p95']:.2f}; allocator + predictor + bookkeeping, "
+              f"N={env_cfg.n_nodes}, K={env_cfg.n_slots}); {figures['live_ticks_per_s']:.1f} ticks/s with "
+              f"training, {figures['live_jobs']} jobs")
     if bank_rate:
         b = bank_build_rate()
         results["bank_curves_per_s"] = b["curves_per_second"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from mara_common.config import ConfigError
@@ -19,10 +20,11 @@ from mara_common.tracking import check_reachable, tracking_uri
 from mara_env.env import EnvConfig
 from mara_fm import commands as predictor_commands
 from mara_fm.build_bank import profile_bank
-from mara_live import commands as live_commands
-from mara_rl import pipeline, scheduler_commands
+from mara_live.runner import LiveConfig
+from mara_rl import live_commands, pipeline, scheduler_commands
 from mara_rl.bench import run_bench
 from mara_rl.evaluate import EvalConfig, evaluate, markdown_table
+from mara_rl.live_commands import live_env_config, live_method
 from mara_rl.methods import builtin_methods, learned, parse_policies, unavailable
 from mara_rl.scheduler_config import scheduler_config, training_env
 
@@ -72,8 +74,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
     env_cfg = profile.section(EnvConfig, "env", bank=str(bank), split="test")
     sched = scheduler_config(profile, predictor="fm" if args.fm else "wls", fm_path=args.fm)
     training = None if args.skip_training else (sched, training_env(sched, profile, bank))
+    live = None
+    if args.live:
+        live_cfg = replace(profile.section(LiveConfig, "live"), kill_at=-1, show_every=0)
+        live_env = live_env_config(profile, bank, live_cfg)
+        live = (live_method(profile, live_env, args.live), live_env, live_cfg)
     run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training,
-              mat=sched.mat)
+              mat=sched.mat, live=live)
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -125,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bank", action="store_true", help="skip the bank build-rate benchmark")
     p.add_argument("--skip-training", action="store_true", help="skip the PPO training-throughput benchmark")
     p.add_argument("--fm", help="also time the env with this exported FM predictor inside")
+    p.add_argument("--live", metavar="METHOD", help="also time the scheduler's overhead per tick of a live "
+                   "run on Ray with this method (e.g. mara; needs the profile's [live] section)")
     p.set_defaults(func=cmd_bench)
 
     predictor_commands.register(sub, common)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mara_common.paths import PROJECT_ROOT
 
-LAYERS = ("mara_common", "mara_fm", "mara_env", "mara_rl")  # each may import only those before it
+LAYERS = ("mara_common", "mara_fm", "mara_env", "mara_live", "mara_rl")  # each may import only those before it
 
 
 def import_graph() -> dict[str, set[str]]:

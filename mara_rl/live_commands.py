@@ -1,5 +1,6 @@
 """Live-mode subcommands of the `mara` CLI: `live` (one run) and `live-compare` (live against
-the simulator, several streams and methods)."""
+the simulator, several streams and methods). They name methods as the evaluation does
+(`mara_rl.methods`) and hand `mara_live` the allocator and env settings of each."""
 
 from __future__ import annotations
 
@@ -9,22 +10,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import profile_bank
 from mara_live.check import predicted_success, replay_live_run
 from mara_live.report import (
+    TIMELINE_PNG,
     comparison_table,
     log_live_run,
     plot_comparison,
     plot_curves,
-    plot_live_timeline,
     save_rows,
 )
 from mara_live.runner import LiveConfig, LiveResult, run_live
 from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
+from mara_rl.pipeline import trained_policies
+from mara_rl.timeline import Timeline
+from mara_rl.timeline import plot as plot_timeline
 
 LIVE_MD, LIVE_PNG, LIVE_JSON = "live.md", "live.png", "live.json"
 
@@ -40,8 +46,6 @@ def live_method(profile: Profile, env_cfg: EnvConfig, name: str, policy: str | N
     if name not in {v.name for v in VARIANTS} and not policy:
         raise ConfigError(f"unknown method {name!r}; known: {sorted(SPECS)} and the learned {[v.name for v in VARIANTS]}")
     if not policy:
-        from mara_rl.pipeline import trained_policies
-
         found = trained_policies(profile).get((name, 0))
         if found is None or not found.exists():
             raise FileNotFoundError(f"no exported policy for {name!r} (train it: make train-scheduler), or pass --policy")
@@ -58,10 +62,13 @@ def live_run(method: Method, env_cfg: EnvConfig, stream: Stream, out: Path, cfg:
              tags: dict[str, Any], progress: bool = True) -> tuple[LiveResult, dict]:
     """A live run, its replay in the simulator, its plots and its MLflow run."""
     save_stream(stream, out / "stream.json")
-    result = run_live(method, env_cfg, stream, out, cfg, progress=progress)
-    check = replay_live_run(method, env_cfg, stream, out)
+    method_cfg = method.env_config(env_cfg)
+    result = run_live(method.name, method.make, method_cfg, stream, out, cfg, progress=progress)
+    check = replay_live_run(method.make, method_cfg, stream, out)
     plot_curves(out, stream, result)
-    plot_live_timeline(out, method.name, result)
+    served = result.served
+    plot_timeline({f"{method.name} (live)": Timeline(served, np.zeros_like(served, bool), np.asarray(result.succeeded),
+                                                     np.ones(served.shape[1]))}, out / TIMELINE_PNG)
     log_live_run(out, method.name, stream, result, check, tags)
     return result, check
 
@@ -77,7 +84,7 @@ def cmd_live(args: argparse.Namespace) -> None:
     print(f"{method.name}: {sum(result.succeeded)} of {len(result.succeeded)} jobs succeeded "
           f"({100 * result.success_rate:.1f}%), {result.stats['faults']} node fault(s), "
           f"{result.stats['replayed_batches']} batches retrained after them; scheduler overhead "
-          f"{result.overhead_ms:.2f} ms per tick")
+          f"{np.median(result.overhead_ms):.2f} ms per tick (median; p95 {np.percentile(result.overhead_ms, 95):.2f})")
     print(f"simulator replay on the live curves: {check['matching_decisions']} of {check['decisions']} decisions "
           f"and {'every' if check['successes_match'] else 'NOT every'} success reproduced")
     print(f"run folder: {out}")
@@ -99,9 +106,12 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
             result, check = live_run(method, env_cfg, stream, run_dir, cfg,
                                      {"profile": profile.name, "kind": "live-compare"}, progress=False)
             rows.append({"stream": seed, "jobs": len(stream.jobs), "method": method.name,
-                         "live": result.success_rate, "simulated": predicted_success(method, env_cfg, stream),
+                         "live": result.success_rate,
+                         "simulated": predicted_success(method.make, method.env_config(env_cfg), stream),
                          "replay_exact": check["successes_match"] and check["matching_decisions"] == check["decisions"],
-                         "overhead_ms": result.overhead_ms})
+                         "overhead_ms": float(np.median(result.overhead_ms)),
+                         "restore_ms": 1000 * result.stats["restore_s"] / max(result.stats["restores"], 1),
+                         "batch_ms": 1000 * result.stats["train_s"] / max(result.stats["batches"], 1)})
             print(json.dumps(rows[-1]), flush=True)
     table = comparison_table(rows)
     results = profile.paths.results

@@ -1,0 +1,139 @@
+"""Live mode on a real local Ray: real jobs on node actors, a killed node, a resumed run, and
+the simulator replaying what happened."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from mara_common.config import ConfigError
+from mara_common.threads import torch_threads
+from mara_fm.bank import load_bank
+from mara_fm.families import FAMILIES
+from mara_live.check import predicted_success, replay_live_run
+from mara_live.runner import BANK, LOG, LiveConfig, keep_in_place, run_live
+from mara_live.streams import JobSpec, Stream, generate_stream, load_stream, save_stream
+from mara_rl.cli import main
+from mara_rl.live_commands import live_env_config
+from mara_rl.methods import builtin_methods
+from tests.conftest import SMOKE_PROFILE
+
+pytestmark = pytest.mark.integration
+CFG = replace(SMOKE_PROFILE.section(LiveConfig, "live"), kill_at=30, kill_node=2)
+
+
+@pytest.fixture(scope="module")
+def setting(smoke_bank: Path):
+    env_cfg = live_env_config(SMOKE_PROFILE, smoke_bank, CFG)
+    lara = builtin_methods(None, {})["lara"]
+    return lara.env_config(env_cfg), generate_stream(env_cfg, CFG.stream_seed), lara
+
+
+@pytest.fixture(scope="module")
+def finished(setting, ray_local, tmp_path_factory):
+    env_cfg, stream, lara = setting
+    run_dir = tmp_path_factory.mktemp("live") / "lara"
+    return run_dir, run_live(lara.name, lara.make, env_cfg, stream, run_dir, CFG, progress=False)
+
+
+def test_a_live_run_accounts_for_every_job_through_a_node_fault(setting, finished) -> None:
+    env_cfg, stream, _ = setting
+    run_dir, result = finished
+    stats = result.stats
+    assert len(stream.jobs) >= 8 and stats["faults"] == 1
+    assert sum(result.succeeded) == stats["episode_successes"] > 0
+    assert stats["episode_successes"] + stats["expirations"] + stats["rejections"] == len(stream.jobs)
+    assert stats["moves"] == 0 and stats["restores"] > 0  # jobs paused and resumed, none moved between nodes
+    # Every job's live curve is the curve its run gives uninterrupted: restores, the killed node
+    # and the retrained batches after it left no seam.
+    # (Node actors train on one thread, as the bank's builder does: a thread count changes float sums.)
+    bank = load_bank(run_dir / BANK)
+    with torch_threads(1):
+        for job, losses, n in zip(stream.jobs, bank["losses"], stats["known_points"], strict=True):
+            if n:
+                np.testing.assert_array_equal(losses[:n], FAMILIES[job.kind].run(job.seed, n)["losses"])
+
+
+def test_the_simulator_replays_a_live_run_exactly(setting, finished) -> None:
+    env_cfg, stream, lara = setting
+    run_dir, result = finished
+    check = replay_live_run(lara.make, env_cfg, stream, run_dir)
+    assert check["matching_decisions"] == check["decisions"] == stream.horizon
+    assert check["successes_match"] and check["replayed_success_rate"] == result.success_rate
+    # The prediction from the bank's own runs of the families is a different number of the same kind.
+    assert 0.0 <= predicted_success(lara.make, env_cfg, stream) <= 1.0
+
+
+def test_a_stopped_run_resumes_from_its_log_and_checkpoints(setting, finished, tmp_path) -> None:
+    env_cfg, stream, lara = setting
+    run_dir, result = finished
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed_dir)
+    lines = (resumed_dir / LOG).read_text().splitlines()
+    (resumed_dir / LOG).write_text("\n".join(lines[:60]) + "\n")  # stopped after tick 59; checkpoints are later
+    again = run_live(lara.name, lara.make, env_cfg, stream, resumed_dir, replace(CFG, kill_at=-1), progress=False)
+    assert again.stats["resumed_ticks"] == 60
+    assert again.succeeded == result.succeeded
+    assert (resumed_dir / LOG).read_text() == (run_dir / LOG).read_text()
+
+
+def test_a_run_folder_of_another_stream_is_refused(setting, finished) -> None:
+    env_cfg, stream, lara = setting
+    run_dir, _ = finished
+    other = Stream(stream.horizon, stream.jobs[1:], stream.meta)
+    with pytest.raises(ConfigError, match="holds another live run"):
+        run_live(lara.name, lara.make, env_cfg, other, run_dir, CFG, progress=False)
+
+
+def test_mara_live_cli_logs_each_jobs_curve_to_mlflow(smoke_bank, ray_local, mlflow_store, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    main(["live", "--profile", "smoke", "--method", "edf", "--horizon", "60", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "every success reproduced" in printed
+    runs = mlflow.search_runs(experiment_names=["mara-live"], output_format="list")
+    assert len(runs) == 1
+    client = mlflow.MlflowClient()
+    metrics = runs[0].data.metrics
+    assert "success_rate" in metrics and "overhead_ms_median" in metrics
+    known = json.loads((out / "result.json").read_text())["stats"]["known_points"]
+    first = int(np.flatnonzero(known)[0])
+    history = client.get_metric_history(runs[0].info.run_id, f"loss/job-{first:04d}")
+    assert len(history) == known[first]
+    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+    assert {"timeline.png", "curves.png", "ticks.jsonl", "bank.parquet"} <= artifacts
+
+
+def test_keeping_jobs_in_place_changes_nodes_not_the_served_set() -> None:
+    action = np.array([3, 0, 5, 1, 0])
+    node_slots = np.array([-1, 4, 2, 7, 0])  # node 1 served slot 4 (action 5) last, node 2 slot 2 ...
+    placed = keep_in_place(action, node_slots)
+    assert sorted(placed[placed > 0]) == sorted(action[action > 0])
+    assert placed[1] == 5 and placed[2] == 3 and placed[4] == 1
+
+
+def test_streams_round_trip_and_malformed_ones_are_named(setting, tmp_path) -> None:
+    _, stream, _ = setting
+    path = save_stream(stream, tmp_path / "s.json")
+    assert load_stream(path) == stream
+    assert generate_stream(setting[0], CFG.stream_seed) == stream  # same seed, same stream
+    bank_seeds = set(load_bank(setting[0].bank_path)["seed"])
+    assert not bank_seeds & {j.seed for j in stream.jobs}  # fresh runs, not the bank's
+    good = {"kind": "mlp_digits", "seed": 1, "eps": 0.3, "arrival": 5, "window": 50}
+    cases = {
+        "arrival order": [good, {**good, "arrival": 2}],
+        "eps must be a positive": [{**good, "eps": -1.0}],
+        "not a bank family": [{**good, "kind": "nope"}],
+        "must state batch_size": [{**good, "kind": "mara_fm.families:FAMILIES"}],
+        "not a job stream": [{"kind": "mlp_digits"}],
+    }
+    for message, jobs in cases.items():
+        (tmp_path / "bad.json").write_text(json.dumps({"horizon": 100, "jobs": jobs}))
+        with pytest.raises(ConfigError, match=message):
+            load_stream(tmp_path / "bad.json")
+    assert JobSpec("mlp_digits", 1, 0.3, 5, 50) == load_stream(path).jobs[0].__class__("mlp_digits", 1, 0.3, 5, 50)
