@@ -92,10 +92,10 @@ KILL_AT ?= 300
 live: $(FM)/config.json
 	$(MARA) live --profile $(PROFILE) --bank $(BANK) --method $(METHOD) --kill-at $(KILL_AT)
 
-# Each method of [live] methods live on [live] streams generated streams, beside the
-# simulator's prediction: results/<profile>/live.md.
+# Each method of [live] methods live on [live] streams generated streams (a node actor
+# killed in each run), beside the simulator's prediction: results/<profile>/live.md.
 live-compare: $(FM)/config.json
-	$(MARA) live-compare --profile $(PROFILE) --bank $(BANK)
+	$(MARA) live-compare --profile $(PROFILE) --bank $(BANK) --kill-at $(KILL_AT)
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \

@@ -8,8 +8,10 @@ Output folders are checked for writing before any work starts.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -150,8 +152,15 @@ def describe(exc: BaseException) -> str:
     return text if isinstance(exc, expected) else f"{exc.__class__.__name__}: {text}"
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM ends a command as Ctrl-C does: cleanly, so Ray's workers stop with it."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
     try:
         args.profile = Profile.load(args.profile)
         check_outputs(args)

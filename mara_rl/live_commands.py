@@ -73,6 +73,17 @@ def live_run(method: Method, env_cfg: EnvConfig, stream: Stream, out: Path, cfg:
     return result, check
 
 
+def job_table(stream: Stream, result: LiveResult) -> str:
+    """Per job kind: jobs, successes, and batches trained."""
+    kinds = sorted({j.kind for j in stream.jobs})
+    rows = ["| job kind | jobs | succeeded | batches trained |", "|---|---|---|---|"]
+    for kind in kinds:
+        mine = [i for i, j in enumerate(stream.jobs) if j.kind == kind]
+        rows.append(f"| {kind} | {len(mine)} | {sum(result.succeeded[i] for i in mine)} | "
+                    f"{sum(result.stats['known_points'][i] for i in mine)} |")
+    return "\n".join(rows)
+
+
 def cmd_live(args: argparse.Namespace) -> None:
     profile: Profile = args.profile
     cfg = profile.section(LiveConfig, "live", kill_at=args.kill_at, horizon=args.horizon)
@@ -87,13 +98,13 @@ def cmd_live(args: argparse.Namespace) -> None:
           f"{np.median(result.overhead_ms):.2f} ms per tick (median; p95 {np.percentile(result.overhead_ms, 95):.2f})")
     print(f"simulator replay on the live curves: {check['matching_decisions']} of {check['decisions']} decisions "
           f"and {'every' if check['successes_match'] else 'NOT every'} success reproduced")
+    print(job_table(stream, result))
     print(f"run folder: {out}")
 
 
 def cmd_live_compare(args: argparse.Namespace) -> None:
     profile: Profile = args.profile
-    cfg = profile.section(LiveConfig, "live", streams=args.streams)
-    cfg = replace(cfg, kill_at=-1, show_every=0)
+    cfg = replace(profile.section(LiveConfig, "live", streams=args.streams, kill_at=args.kill_at), show_every=0)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
     names = args.methods.split(",") if args.methods else list(cfg.methods)
     methods = [live_method(profile, env_cfg, name) for name in names]
@@ -145,6 +156,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
                               help="methods live on Ray against the simulator's prediction, several streams")
     p.add_argument("--methods", help="comma-separated (default [live] methods)")
     p.add_argument("--streams", type=int, help="generated streams (default [live] streams)")
+    p.add_argument("--kill-at", type=int, help="kill one node actor at this tick of every run")
     p.add_argument("--bank")
     p.add_argument("--out", help="folder of the runs (default reports/<profile>/live)")
     p.set_defaults(func=cmd_live_compare, outputs=("out",))
