@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,14 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError
+from mara_common.paths import PROFILE_DIR, normal_path
 from mara_common.profile import Profile
+from mara_common.tracking import ensure_experiment
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import profile_bank
 from mara_live.check import predicted_success, replay_live_run
 from mara_live.report import (
+    LIVE_EXPERIMENT,
     TIMELINE_PNG,
     comparison_table,
     log_live_run,
@@ -29,28 +33,36 @@ from mara_live.runner import LiveConfig, LiveResult, run_live
 from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
 from mara_rl.pipeline import trained_policies
+from mara_rl.submit import check_cluster, submit_command
 from mara_rl.timeline import Timeline
 from mara_rl.timeline import plot as plot_timeline
 
 LIVE_MD, LIVE_PNG, LIVE_JSON = "live.md", "live.png", "live.json"
 
 
-def live_method(profile: Profile, env_cfg: EnvConfig, name: str, policy: str | None = None) -> Method:
-    """A method of the evaluation by name; a learned one reads `policy` or the profile's seed-0 run."""
+def live_method(profile: Profile, env_cfg: EnvConfig, name: str, policy: str | None = None,
+                fm: str | None = None) -> Method:
+    """A method of the evaluation by name; a learned one reads `policy` or the profile's seed-0 run,
+    one that reads FM the predictor `fm` or the profile's."""
     if name in SPECS:
-        methods = builtin_methods(profile.paths.predictor if profile.paths.predictor.exists() else None,
-                                  env_cfg.view_options)
+        fm_path = Path(fm) if fm else profile.paths.predictor
+        methods = builtin_methods(normal_path(fm_path) if fm_path.exists() else None, env_cfg.view_options)
         if name not in methods:
             raise ConfigError(f"method {name!r} needs {' and '.join(SPECS[name].needs())}")
         return methods[name]
-    if name not in {v.name for v in VARIANTS} and not policy:
+    return learned(name, policy_path(profile, name, policy))
+
+
+def policy_path(profile: Profile, name: str, policy: str | None) -> str:
+    """The policy folder of learned method `name`: `policy`, or the profile's seed-0 export."""
+    if policy:
+        return normal_path(policy)
+    if name not in {v.name for v in VARIANTS}:
         raise ConfigError(f"unknown method {name!r}; known: {sorted(SPECS)} and the learned {[v.name for v in VARIANTS]}")
-    if not policy:
-        found = trained_policies(profile).get((name, 0))
-        if found is None or not found.exists():
-            raise FileNotFoundError(f"no exported policy for {name!r} (train it: make train-scheduler), or pass --policy")
-        policy = str(found.parent)
-    return learned(name, policy)
+    found = trained_policies(profile).get((name, 0))
+    if found is None or not found.exists():
+        raise FileNotFoundError(f"no exported policy for {name!r} (train it: make train-scheduler), or pass --policy")
+    return normal_path(found.parent)
 
 
 def live_env_config(profile: Profile, bank: Path, cfg: LiveConfig) -> EnvConfig:
@@ -84,14 +96,20 @@ def job_table(stream: Stream, result: LiveResult) -> str:
     return "\n".join(rows)
 
 
-def cmd_live(args: argparse.Namespace) -> None:
+def planned_live(args: argparse.Namespace) -> tuple[LiveConfig, EnvConfig, Stream, Method, Path]:
+    """(settings, env settings, stream, method, run folder) of a `live` command, every input checked."""
     profile: Profile = args.profile
     cfg = profile.section(LiveConfig, "live", kill_at=args.kill_at, horizon=args.horizon)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
     stream = load_stream(args.stream) if args.stream else generate_stream(env_cfg, args.stream_seed or cfg.stream_seed)
-    method = live_method(profile, env_cfg, args.method, args.policy)
-    out = Path(args.out) if args.out else profile.paths.report / "live" / f"{method.name}-stream{stream.meta.get('seed', 'file')}"
-    result, check = live_run(method, env_cfg, stream, out, cfg, {"profile": profile.name, "kind": "live"})
+    method = live_method(profile, env_cfg, args.method, args.policy, args.fm)
+    name = f"{method.name}-stream{stream.meta.get('seed', 'file')}"
+    return cfg, env_cfg, stream, method, Path(args.out) if args.out else profile.paths.report / "live" / name
+
+
+def cmd_live(args: argparse.Namespace) -> None:
+    cfg, env_cfg, stream, method, out = planned_live(args)
+    result, check = live_run(method, env_cfg, stream, out, cfg, {"profile": args.profile.name, "kind": "live"})
     print(f"{method.name}: {sum(result.succeeded)} of {len(result.succeeded)} jobs succeeded "
           f"({100 * result.success_rate:.1f}%), {result.stats['faults']} node fault(s), "
           f"{result.stats['replayed_batches']} batches retrained after them; scheduler overhead "
@@ -100,6 +118,27 @@ def cmd_live(args: argparse.Namespace) -> None:
           f"and {'every' if check['successes_match'] else 'NOT every'} success reproduced")
     print(job_table(stream, result))
     print(f"run folder: {out}")
+
+
+def cmd_submit_live(args: argparse.Namespace) -> None:
+    """`mara live` as a Ray job on `RAY_ADDRESS`, its inputs checked and its paths made absolute here."""
+    profile: Profile = args.profile
+    cfg, env_cfg, stream, method, out = planned_live(args)
+    address = check_cluster(args.address)
+    ensure_experiment(LIVE_EXPERIMENT, args.mlflow_uri)
+    named = profile.path.parent.resolve() == PROFILE_DIR.resolve()
+    argv = ["--profile", profile.name if named else normal_path(profile.path), "--bank", normal_path(env_cfg.bank),
+            "--method", method.name, "--out", normal_path(out), "--kill-at", str(cfg.kill_at),
+            "--horizon", str(cfg.horizon)]
+    argv += ["--stream", normal_path(args.stream)] if args.stream else ["--stream-seed", str(stream.meta["seed"])]
+    fm = Path(args.fm) if args.fm else profile.paths.predictor
+    argv += ["--fm", normal_path(fm)] if fm.exists() else []
+    argv += ["--policy", policy_path(profile, args.method, args.policy)] if args.method not in SPECS else []
+    job_id, status = submit_command("live", argv, address=address, wait=args.wait, timeout_s=args.timeout,
+                                    mlflow_uri=args.mlflow_uri)
+    print(f"job {job_id}: {status}")
+    if args.wait and status != "SUCCEEDED":
+        sys.exit(1)
 
 
 def cmd_live_compare(args: argparse.Namespace) -> None:
@@ -139,8 +178,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
     print(table)
 
 
-def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    p = subparsers.add_parser("live", parents=[common], help="schedule real training jobs on Ray node actors")
+def add_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="mara", help="an evaluation method or learned variant (default mara)")
     p.add_argument("--policy", help="an exported policy folder for a learned method")
     p.add_argument("--stream", help="a job stream file (default: one generated with the profile's workload)")
@@ -148,9 +186,24 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--horizon", type=int, help="ticks of a generated stream (default [live] horizon)")
     p.add_argument("--kill-at", type=int, help="kill one node actor at this tick, to show recovery")
     p.add_argument("--bank")
+    p.add_argument("--fm", help="the exported FM predictor of methods that read FM (default the profile's)")
     p.add_argument("--out", help="run folder (default reports/<profile>/live/<method>-stream<seed>); "
                    "an interrupted run there resumes")
+
+
+def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser("live", parents=[common], help="schedule real training jobs on Ray node actors")
+    add_live_arguments(p)
     p.set_defaults(func=cmd_live, outputs=("out",))
+
+    p = subparsers.add_parser("submit-live", parents=[common],
+                              help="submit a live run to a Ray cluster as a job (RAY_ADDRESS: its dashboard)")
+    add_live_arguments(p)
+    p.add_argument("--address", help="Ray dashboard address (default: $RAY_ADDRESS)")
+    p.add_argument("--mlflow-uri", help="tracking URI for the job (default: this side's)")
+    p.add_argument("--wait", action="store_true", help="poll until the job ends, echoing its logs")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait with --wait")
+    p.set_defaults(func=cmd_submit_live, outputs=("out",))
 
     p = subparsers.add_parser("live-compare", parents=[common],
                               help="methods live on Ray against the simulator's prediction, several streams")

@@ -19,7 +19,7 @@ from mara_common.tracking import ensure_experiment
 from mara_fm.build_bank import profile_bank
 from mara_fm.predictors import predictor_digest
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
-from mara_rl.submit import check_cluster, submit_training
+from mara_rl.submit import check_cluster, submit_command
 from mara_rl.train_scheduler import EXPERIMENT, train
 
 
@@ -58,7 +58,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
     # The settings given, with the predictor's path in its normal form (the job runs elsewhere).
     given = {k: v for k, v in overrides(args, SchedulerConfig).items() if k != "fm_path"}
     argv += to_argv({**given, **({"fm_path": cfg.fm_path} if cfg.predictor == "fm" else {})})
-    job_id, status = submit_training(argv, address=address, wait=args.wait, timeout_s=args.timeout,
+    job_id, status = submit_command("train-scheduler", argv, address=address, wait=args.wait, timeout_s=args.timeout,
                                      mlflow_uri=args.mlflow_uri)
     print(f"job {job_id}: {status}")
     if args.wait and status != "SUCCEEDED":

@@ -1,9 +1,9 @@
-"""Submit scheduler training to a Ray cluster as a job.
+"""Submit a `mara` command (scheduler training, a live run) to a Ray cluster as a job.
 
 The project folder is uploaded as the job's working dir (without data, the
 venv, the MLflow store or run outputs), the tracking URI travels in the
 job's environment so its MLflow run lands in the same store, and the job
-runs `python -m mara_rl.cli train-scheduler <flags>` with the
+runs `python -m mara_rl.cli <command> <flags>` with the
 Python found on the PATH of whoever ran `ray start`: start the head from the
 project venv.
 
@@ -69,21 +69,21 @@ def check_cluster(address: str | None = None, timeout_s: float = REACH_TIMEOUT_S
                           "is the head running (`make ray-up`)?") from None
 
 
-def submit_training(argv: list[str], address: str | None = None, wait: bool = False,
-                    timeout_s: float = 24 * 3600.0, poll_s: float = 5.0,
-                    mlflow_uri: str | None = None, echo_logs: bool = True) -> tuple[str, str]:
-    """Submit `mara train-scheduler <argv>`; with `wait`, poll until the job ends (or `timeout_s`).
-    Returns (job id, status)."""
+def submit_command(command: str, argv: list[str], address: str | None = None, wait: bool = False,
+                   timeout_s: float = 24 * 3600.0, poll_s: float = 5.0,
+                   mlflow_uri: str | None = None, echo_logs: bool = True) -> tuple[str, str]:
+    """Submit `mara <command> <argv>` (its paths absolute: the job runs from a copy of the
+    project); with `wait`, poll until the job ends (or `timeout_s`). Returns (job id, status)."""
 
     address = check_cluster(address)
     check_reachable(mlflow_uri or tracking_uri())
     client = JobSubmissionClient(address, headers=auth_headers())
-    entrypoint = "python -m mara_rl.cli train-scheduler " + shlex.join(argv)
+    entrypoint = f"python -m mara_rl.cli {command} " + shlex.join(argv)
     job = {"entrypoint": entrypoint,
            "runtime_env": {"working_dir": str(PROJECT_ROOT), "excludes": UPLOAD_EXCLUDES,
                            "env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri or tracking_uri(),
                                         "PYTHONUNBUFFERED": "1"}},
-           "metadata": {"project": "mara", "stage": "scheduler", "argv": shlex.join(argv)}}
+           "metadata": {"project": "mara", "stage": command, "argv": shlex.join(argv)}}
     # A head that has just started answers before its job agent is up: wait for the agent.
     ready_by = time.monotonic() + AGENT_WAIT_S
     while True:

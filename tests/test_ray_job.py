@@ -1,4 +1,4 @@
-"""Scheduler training submitted as a real Ray job, logging to a real MLflow server.
+"""Scheduler training and a live run submitted as real Ray jobs, logging to a real MLflow server.
 
 Starts its own Ray head (token auth, its own ports and temp dir) and MLflow
 server on loopback, and stops exactly those process groups afterwards, so
@@ -7,6 +7,7 @@ other Ray clusters on the machine are left alone.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from mara_live.report import LIVE_EXPERIMENT
 from mara_rl.cli import main
 from mara_rl.train_scheduler import EXPERIMENT
 
@@ -69,8 +71,14 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     proc.wait()
 
 
-@pytest.fixture()
-def services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Ray head and an MLflow server, shared by the module's jobs."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield from _services(tmp_path_factory.mktemp("services"), monkeypatch)
+
+
+def _services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     token = secrets.token_hex(16)
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
@@ -129,3 +137,20 @@ def test_training_job_succeeds_and_logs_to_mlflow(services: dict[str, str], smok
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_success_rate")] == [0, 1, 2]
     assert {a.path for a in client.list_artifacts(run.info.run_id, "policy")} == {
         "policy/policy.pt", "policy/policy.json"}
+
+
+def test_live_run_job_trains_on_the_clusters_node_actors(services: dict[str, str], smoke_bank: Path,
+                                                          tmp_path: Path) -> None:
+    import mlflow
+
+    out = tmp_path / "live"
+    main(["submit-live", "--profile", "smoke", "--bank", str(smoke_bank), "--method", "edf", "--horizon", "60",
+          "--kill-at", "20", "--out", str(out), "--address", services["ray"], "--mlflow-uri", services["mlflow"],
+          "--wait", "--timeout", "300"])
+    result = json.loads((out / "result.json").read_text())
+    assert result["stats"]["faults"] == 1 and result["stats"]["batches"] > 0
+    client = mlflow.MlflowClient(services["mlflow"])
+    (experiment,) = [e for e in client.search_experiments() if e.name == LIVE_EXPERIMENT]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.metrics["success_rate"] == result["success_rate"]
+    assert run.data.metrics["matching_decisions"] == run.data.metrics["decisions"] == 60
