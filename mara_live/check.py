@@ -22,14 +22,17 @@ from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_live.curves import LIVE_TASK_SET
-from mara_live.runner import BANK, LOG, RESULT, keep_in_place
+from mara_live.runner import BANK, LOG, RESULT, Placement
 from mara_live.streams import Stream
 
 
 def placed(decide: BatchDecide) -> BatchDecide:
-    """`decide` with the live runner's node placement (`keep_in_place`)."""
+    """`decide` for one env with the live runner's node placement (`Placement`)."""
+    placement = Placement()
+
     def run(obs: dict[str, np.ndarray], envs: list[MultiNodeEnv]) -> np.ndarray:
-        return np.stack([keep_in_place(a, env.node_slots()) for a, env in zip(decide(obs, envs), envs, strict=True)])
+        (env,) = envs
+        return placement.place(decide(obs, envs)[0], env)[None]
     return run
 
 

@@ -1,7 +1,8 @@
 """A compute node of a live run: a Ray actor that trains whichever job it is given.
 
-A node holds at most one job in memory. Given another job, it first
-checkpoints the one it holds; a job it does not hold is restored from its last
+A node trains one job at a time. Given another job, it first checkpoints the
+one it holds and keeps it in memory among the few it paused last, so that
+resuming it there costs nothing; any other job is restored from its last
 checkpoint (or built fresh) and, if that checkpoint is behind the points the
 scheduler already knows — the node that held it died — trained up to them
 again. Those replayed losses come back with the new ones, so the driver can
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,14 @@ class HeldJob:
 class NodeWorker:
     """One node (wrapped by `ray.remote` in `mara_live.runner`)."""
 
-    def __init__(self, node: int, checkpoint_dir: str, threads: int = 1) -> None:
+    def __init__(self, node: int, checkpoint_dir: str, threads: int = 1, keep_paused: int = 4) -> None:
         torch.set_num_threads(threads)
         self.node = node
         self.dir = Path(checkpoint_dir)
         self.held: HeldJob | None = None
+        # Jobs this node paused, still in memory (also checkpointed): resuming one here costs nothing.
+        self.paused: OrderedDict[str, HeldJob] = OrderedDict()
+        self.keep_paused = keep_paused
 
     def pid(self) -> int:
         return os.getpid()
@@ -46,14 +51,20 @@ class NodeWorker:
     def train(self, job_id: str, spec: JobSpec, planned: int, start: int, stop: int,
               checkpoint_every: int) -> dict[str, Any]:
         """Train `job_id` from batch `start` to `stop`: {"losses", "replayed" (batches retrained
-        from a checkpoint behind `start`, with their losses), "restore_s", "train_s"}."""
-        restore_s = 0.0
+        from a checkpoint behind `start`, with their losses), "loaded" (None: the job was in
+        memory, else "fresh" or "checkpoint"), "load_s", "train_s"}."""
+        loaded, load_s = None, 0.0
         if self.held is not None and self.held.job_id != job_id:
             self.release(self.held.job_id)
         if self.held is None:
-            began = time.perf_counter()
-            self.held = self._restore(job_id, spec, planned, start)
-            restore_s = time.perf_counter() - began
+            kept = self.paused.pop(job_id, None)
+            if kept is not None and kept.points == start:  # else it trained elsewhere since
+                self.held = kept
+            else:
+                began = time.perf_counter()
+                self.held = self._restore(job_id, spec, planned, start)
+                load_s = time.perf_counter() - began
+                loaded = "checkpoint" if self.held.points else "fresh"
         held = self.held
         if held.points > start:
             raise RuntimeError(f"node {self.node}: job {job_id} is at batch {held.points}, asked to train from {start}")
@@ -64,21 +75,27 @@ class NodeWorker:
         train_s = time.perf_counter() - began
         if held.points - held.saved_at >= checkpoint_every:
             self._save(held)
-        return {"losses": losses, "replayed": replayed, "restore_s": restore_s, "train_s": train_s}
+        return {"losses": losses, "replayed": replayed, "loaded": loaded, "load_s": load_s, "train_s": train_s}
 
     def release(self, job_id: str) -> float:
-        """Checkpoint `job_id` and free the node (the job pauses or moves); seconds spent."""
+        """Checkpoint `job_id` and free the node (the job pauses or moves); seconds spent. The
+        job stays in memory among the node's `keep_paused` most recent."""
         if self.held is None or self.held.job_id != job_id:
             return 0.0
         began = time.perf_counter()
-        self._save(self.held)
+        if self.held.saved_at < self.held.points:
+            self._save(self.held)
+        self.paused[job_id] = self.held
         self.held = None
+        while len(self.paused) > self.keep_paused:
+            self.paused.popitem(last=False)
         return time.perf_counter() - began
 
     def drop(self, job_id: str) -> None:
         """Forget a finished job (its checkpoint is of no further use)."""
         if self.held is not None and self.held.job_id == job_id:
             self.held = None
+        self.paused.pop(job_id, None)
         self._path(job_id).unlink(missing_ok=True)
 
     def _path(self, job_id: str) -> Path:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from mara_common.config import ConfigError, check_config, setting
 from mara_common.threads import torch_threads
-from mara_env.env import ACTIVE, PENDING, SUCCEEDED, WAITING, EnvConfig, load_curves
+from mara_env.env import ACTIVE, PENDING, SUCCEEDED, WAITING, EnvConfig, MultiNodeEnv, load_curves
 from mara_env.vector import BatchDecide
 from mara_fm.bank import save_bank
 from mara_live.curves import GrowingCurves
@@ -57,6 +57,7 @@ class LiveConfig:
     cpus_per_node: float = setting(0.25, gt=0.0, help="CPUs Ray reserves for each node actor")
     gpus_per_node: float = setting(0.0, ge=0.0, help="GPUs Ray reserves for each node actor (0: CPU nodes)")
     threads_per_node: int = setting(1, ge=1, help="torch threads of each node actor")
+    paused_per_node: int = setting(4, ge=0, help="paused jobs a node keeps in memory (resumed there: no restore)")
     kill_at: int = setting(-1, ge=-1, help="tick at which one node actor is killed on purpose (-1: never)")
     kill_node: int = setting(0, ge=0, help="the node killed at kill_at")
     show_every: int = setting(100, ge=0, help="ticks between per-node progress tables (0: none)")
@@ -82,11 +83,13 @@ class RayNodes:
         checkpoints.mkdir(parents=True, exist_ok=True)
         self.actors = [self._spawn(i) for i in range(n_nodes)]
         self.holder: dict[int, int] = {}  # task -> the node holding it in memory
-        self.stats = {"faults": 0, "replayed_batches": 0, "restores": 0, "restore_s": 0.0, "release_s": 0.0,
-                      "train_s": 0.0, "moves": 0}
+        # builds: jobs started fresh on a node; restores: jobs loaded from a checkpoint (a resume
+        # on the node that paused it, from memory, counts neither); release_s: checkpoint writes.
+        self.stats = {"faults": 0, "replayed_batches": 0, "builds": 0, "build_s": 0.0, "restores": 0,
+                      "restore_s": 0.0, "release_s": 0.0, "train_s": 0.0, "moves": 0}
 
     def _spawn(self, node: int):
-        return self.remote.remote(node, str(self.checkpoints), self.cfg.threads_per_node)
+        return self.remote.remote(node, str(self.checkpoints), self.cfg.threads_per_node, self.cfg.paused_per_node)
 
     def _replace(self, node: int) -> None:
         self.stats["faults"] += 1
@@ -122,9 +125,13 @@ class RayNodes:
                 self._replace(a.node)
                 out = self._call(a.node, "train", *self._args(a))
             self._check_replayed(a, out["replayed"])
-            self.stats["restores"] += out["restore_s"] > 0
-            for key in ("restore_s", "train_s"):
-                self.stats[key] += out[key]
+            if out["loaded"] == "fresh":
+                self.stats["builds"] += 1
+                self.stats["build_s"] += out["load_s"]
+            elif out["loaded"] == "checkpoint":
+                self.stats["restores"] += 1
+                self.stats["restore_s"] += out["load_s"]
+            self.stats["train_s"] += out["train_s"]
             self.holder[a.task] = a.node
             outs.append(np.asarray(out["losses"], np.float64))
         return outs
@@ -230,6 +237,7 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
     nodes = RayNodes(env_cfg.n_nodes, stream, curves, run_dir / "checkpoints", cfg)
     recorder = Recorder(log, nodes)
     decide = make_decide()
+    placement = Placement()
     served, overhead = [], []
     with torch_threads(1):
         env = LiveEnv(env_cfg, curves, recorder)
@@ -238,8 +246,7 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
         for t in range(stream.horizon):
             began = time.perf_counter()
             trained_before = recorder.seconds
-            action = keep_in_place(np.asarray(decide({k: v[None] for k, v in obs.items()}, [env])[0]),
-                                   env.node_slots())
+            action = placement.place(np.asarray(decide({k: v[None] for k, v in obs.items()}, [env])[0]), env)
             if t < len(log.past) and action.tolist() != log.past[t]["action"]:
                 raise RuntimeError(f"tick {t}: the allocator now picks {action.tolist()}, the log says "
                                    f"{log.past[t]['action']}; the run cannot resume (start a new run folder)")
@@ -276,18 +283,31 @@ def overhead_figures(per_tick_ms: np.ndarray) -> dict[str, float]:
             "p95": float(np.percentile(per_tick_ms, 95)), "max": float(per_tick_ms.max())}
 
 
-def keep_in_place(action: np.ndarray, node_slots: np.ndarray) -> np.ndarray:
-    """The same served slots, each kept on the node that served it at the last tick; the
-    others on the free nodes in order. On identical nodes with free switching the
-    simulator's outcome does not depend on which node serves which task, so this changes
-    nothing but the checkpoints and restores a live run pays."""
-    chosen = [int(a) - 1 for a in action if a > 0]
-    placed = np.zeros_like(action)
-    kept = {int(s): i for i, s in enumerate(node_slots) if s in chosen}
-    free = [i for i in range(len(action)) if i not in kept.values()]
-    for s in chosen:
-        placed[kept[s] if s in kept else free.pop(0)] = s + 1
-    return placed
+class Placement:
+    """Which node serves each job the allocator chose: a job keeps the node that served it last
+    — at the last tick, or else earlier if that node is free — and the rest take the free nodes
+    in order. On identical nodes with free switching the simulator's outcome does not depend
+    on which node serves which task, so this changes nothing but the checkpoints and restores
+    a live run pays (a node keeps the jobs it paused in memory, `NodeWorker`)."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, int] = {}  # task -> the node that served it most recently
+
+    def place(self, action: np.ndarray, env: MultiNodeEnv) -> np.ndarray:
+        pick = {int(env.slot_task[a - 1]): int(a) for a in action if a > 0}  # task -> its action value
+        running = {int(k): i for i, k in enumerate(env.node_task) if k >= 0}
+        placed = np.zeros_like(action)
+        free, todo = set(range(len(action))), list(pick)
+        for wanted in (running, self.last):  # the node serving it now first, then its earlier one
+            for k in list(todo):
+                if wanted.get(k) in free:
+                    placed[wanted[k]] = pick[k]
+                    free.discard(wanted[k])
+                    todo.remove(k)
+        for k, node in zip(todo, sorted(free), strict=False):
+            placed[node] = pick[k]
+        self.last.update({int(env.slot_task[a - 1]): i for i, a in enumerate(placed) if a > 0})
+        return placed
 
 
 def node_table(env: LiveEnv, stream: Stream) -> str:
