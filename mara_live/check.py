@@ -7,6 +7,10 @@
 - `predicted_success`: the simulator's forecast for the stream before any job ran,
   replayed on the bank curves that set each job's threshold (`Stream.stand_in_episode`):
   what evaluation on recorded runs says this method would achieve.
+- `family_prediction`: the same stream replayed on other recorded runs of each job's
+  family, drawn at random and averaged over draws. A live job is a fresh run of its
+  family, not its stand-in, whose own curve also set its threshold; this is the
+  simulator's expectation for such a run.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from mara_common.threads import torch_threads
-from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_live.curves import LIVE_TASK_SET
 from mara_live.runner import BANK, LOG, RESULT, Placement
 from mara_live.streams import Stream
+
+FAMILY_DRAW_SALT = 0xFA11  # keeps the family draws apart from the stream's own seeds
 
 
 def placed(decide: BatchDecide) -> BatchDecide:
@@ -56,3 +62,22 @@ def predicted_success(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig
     with torch_threads(1):
         return float(replay_in_lockstep(replace(env_cfg, horizon=stream.horizon), [stream.stand_in_episode()],
                                         make_decide())[0]["success_rate"])
+
+
+def family_prediction(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream, draws: int,
+                      seed: int) -> float:
+    """Mean success over `draws` replays of `stream` in which each job runs as another bank run
+    of its family (its stand-in excluded), drawn with `seed`."""
+    curves = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
+    rng = np.random.default_rng([seed, FAMILY_DRAW_SALT])
+    base = stream.stand_in_episode()
+    episodes = []
+    for _ in range(draws):
+        ids = []
+        for cid, job in zip(base.curve_ids, stream.jobs, strict=True):
+            others = curves.ids[(curves.families == job.kind) & (curves.ids != cid)]
+            ids.append(str(others[rng.integers(len(others))]))
+        episodes.append(replace(base, curve_ids=ids))
+    with torch_threads(1):
+        outs = replay_in_lockstep(replace(env_cfg, horizon=stream.horizon), episodes, make_decide())
+    return float(np.mean([out["success_rate"] for out in outs]))

@@ -38,7 +38,7 @@ from mara_live.env import Assignment, LiveEnv, Trainer
 from mara_live.nodes import NodeWorker
 from mara_live.streams import Stream
 
-LOG, RESULT, BANK = "ticks.jsonl", "result.json", "bank.parquet"
+LOG, RESULT, BANK, CHECK = "ticks.jsonl", "result.json", "bank.parquet", "check.json"
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class LiveConfig:
     kill_at: int = setting(-1, ge=-1, help="tick at which one node actor is killed on purpose (-1: never)")
     kill_node: int = setting(0, ge=0, help="the node killed at kill_at")
     show_every: int = setting(100, ge=0, help="ticks between per-node progress tables (0: none)")
+    family_draws: int = setting(8, ge=1, help="replays of a stream on other runs of each job's family "
+                                              "(the simulator's expectation for fresh runs)")
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -171,9 +173,12 @@ class TickLog:
         self.past = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         self.file = path.open("a")
 
-    def write(self, t: int, action: np.ndarray, losses: dict[int, np.ndarray]) -> None:
+    def write(self, t: int, action: np.ndarray, losses: dict[int, np.ndarray], stats: dict[str, float]) -> None:
+        """One tick: its action, each job's new losses, and the nodes' running figures (a resumed
+        run carries them on)."""
         self.file.write(json.dumps({"t": t, "action": action.tolist(),
-                                    "losses": {str(k): v.tolist() for k, v in losses.items()}}) + "\n")
+                                    "losses": {str(k): v.tolist() for k, v in losses.items()},
+                                    "stats": stats}) + "\n")
         self.file.flush()
 
 
@@ -235,6 +240,8 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
     nodes = RayNodes(env_cfg.n_nodes, stream, curves, run_dir / "checkpoints", cfg)
+    if log.past:
+        nodes.stats.update(log.past[-1]["stats"])
     recorder = Recorder(log, nodes)
     decide = make_decide()
     placement = Placement()
@@ -255,7 +262,7 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
             active_before = set(np.flatnonzero(np.isin(env.status, (ACTIVE, WAITING))).tolist())
             obs, _, done, _, _ = env.step(action)
             if t >= len(log.past):
-                log.write(t, action, recorder.losses)
+                log.write(t, action, recorder.losses, nodes.stats)
             recorder.t += 1
             served.append(env.node_task.copy())
             left = [k for k in active_before if env.status[k] not in (ACTIVE, WAITING, PENDING)]
