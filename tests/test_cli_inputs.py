@@ -336,3 +336,20 @@ def test_other_task_set_labels_are_evaluated(smoke_bank, tmp_path):
     assert set(sets) == set(loaded.loc[loaded["split"] == "test", "task_set"]) == {"id", "my_rl_set", "vit_ood"}
     curves, queries = sets["my_rl_set"]
     assert len(curves) == (frame["task_set"] == "my_rl_set").sum() and len(queries) > 0
+
+
+@pytest.mark.parametrize("stream, extra, words", [
+    ({"horizon": 50, "jobs": [{"kind": "mlp_digits", "seed": 1, "eps": 0.3, "arrival": 60, "window": 9}]}, [],
+     "job 0 (mlp_digits): arrival 60 outside [0, horizon 50)"),
+    ("not json", [], "not a job stream"),
+    (None, ["--method", "mara", "--policy", "/nonexistent/policy"], "/nonexistent/policy"),
+    (None, ["--method", "nope"], "unknown method 'nope'"),
+])
+def test_live_bad_inputs_fail_before_ray_starts(tmp_path, smoke_bank, capsys, mlflow_store, stream, extra, words):
+    argv = ["live", "--profile", "smoke", "--bank", str(smoke_bank), "--out", str(tmp_path / "run"), *extra]
+    if stream is not None:
+        path = tmp_path / "stream.json"
+        path.write_text(stream if isinstance(stream, str) else json.dumps(stream))
+        argv += ["--stream", str(path)]
+    assert words in fail(argv, capsys)
+    assert not (tmp_path / "run" / "ticks.jsonl").exists()
