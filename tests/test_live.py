@@ -17,7 +17,7 @@ from mara_common.config import ConfigError
 from mara_common.threads import torch_threads
 from mara_fm.bank import load_bank
 from mara_fm.families import FAMILIES
-from mara_live.check import predicted_success, replay_live_run
+from mara_live.check import family_prediction, predicted_success, replay_live_run
 from mara_live.runner import BANK, LOG, LiveConfig, Placement, run_live
 from mara_live.streams import JobSpec, Stream, generate_stream, load_stream, save_stream
 from mara_rl.cli import main
@@ -67,8 +67,10 @@ def test_the_simulator_replays_a_live_run_exactly(setting, finished) -> None:
     check = replay_live_run(lara.make, env_cfg, stream, run_dir)
     assert check["matching_decisions"] == check["decisions"] == stream.horizon
     assert check["successes_match"] and check["replayed_success_rate"] == result.success_rate
-    # The prediction from the bank's own runs of the families is a different number of the same kind.
+    # The simulator's predictions for the stream: on its stand-ins, and on other runs of each family.
     assert 0.0 <= predicted_success(lara.make, env_cfg, stream) <= 1.0
+    family = family_prediction(lara.make, env_cfg, stream, draws=2, seed=5)
+    assert 0.0 <= family <= 1.0 and family == family_prediction(lara.make, env_cfg, stream, draws=2, seed=5)
 
 
 def test_a_stopped_run_resumes_from_its_log_and_checkpoints(setting, finished, tmp_path) -> None:
