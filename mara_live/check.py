@@ -67,7 +67,7 @@ def predicted_success(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig
 def family_prediction(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream, draws: int,
                       seed: int) -> float:
     """Mean success over `draws` replays of `stream` in which each job runs as another bank run
-    of its family (its stand-in excluded), drawn with `seed`."""
+    of its family (its stand-in excluded unless it is the family's only run), drawn with `seed`."""
     curves = load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split)
     rng = np.random.default_rng([seed, FAMILY_DRAW_SALT])
     base = stream.stand_in_episode()
@@ -75,7 +75,9 @@ def family_prediction(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig
     for _ in range(draws):
         ids = []
         for cid, job in zip(base.curve_ids, stream.jobs, strict=True):
-            others = curves.ids[(curves.families == job.kind) & (curves.ids != cid)]
+            family = curves.families == job.kind
+            others = curves.ids[family & (curves.ids != cid)]
+            others = others if len(others) else curves.ids[family]  # a family with one run in the split
             ids.append(str(others[rng.integers(len(others))]))
         episodes.append(replace(base, curve_ids=ids))
     with torch_threads(1):
