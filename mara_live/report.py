@@ -60,9 +60,9 @@ def log_live_run(run_dir: Path, name: str, stream: Stream, result: LiveResult, c
                 mlflow.log_artifact(str(run_dir / artifact))
 
 
-def comparison_table(rows: list[dict[str, Any]]) -> str:
-    """Per method: live and simulated success (means over streams) and their differences; then
-    per stream."""
+def comparison_table(rows: list[dict[str, Any]], intervals: dict[str, dict[str, tuple[float, float]]]) -> str:
+    """Per method: live and simulated success (means over streams) and their differences with
+    `intervals[method][prediction]` (percentile intervals over streams); then per stream."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lines = ["| method | live % | sim (stand-ins) % | sim (family) % | live − stand-ins | live − family | streams "
              "| replay exact | node faults | overhead ms/tick | restore ms | batch ms |",
@@ -72,7 +72,10 @@ def comparison_table(rows: list[dict[str, Any]]) -> str:
         live, sim, family = (100 * np.mean([r[k] for r in mine]) for k in ("live", "simulated", "simulated_family"))
         overhead, restore, batch = (np.mean([r[k] for r in mine]) for k in ("overhead_ms", "restore_ms", "batch_ms"))
         exact = all(r["replay_exact"] for r in mine)
-        lines.append(f"| {m} | {live:.2f} | {sim:.2f} | {family:.2f} | {live - sim:+.2f} | {live - family:+.2f} "
+        gaps = [f"{gap:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+                for gap, (lo, hi) in ((live - sim, intervals[m]["simulated"]),
+                                      (live - family, intervals[m]["simulated_family"]))]
+        lines.append(f"| {m} | {live:.2f} | {sim:.2f} | {family:.2f} | {gaps[0]} | {gaps[1]} "
                      f"| {len(mine)} | {'yes' if exact else 'NO'} | {sum(r['faults'] for r in mine)} "
                      f"| {overhead:.2f} | {restore:.1f} | {batch:.2f} |")
     lines += ["", "| stream | jobs | " + " | ".join(f"{m} live / stand-ins / family" for m in methods) + " |",

@@ -33,6 +33,7 @@ from mara_live.runner import CHECK, RESULT, LiveConfig, LiveResult, run_live
 from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
 from mara_rl.pipeline import trained_policies
+from mara_rl.stats import hierarchical_bootstrap
 from mara_rl.submit import check_cluster, submit_command
 from mara_rl.timeline import Timeline
 from mara_rl.timeline import plot as plot_timeline
@@ -168,7 +169,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
                          "restore_ms": 1000 * stats["restore_s"] / max(stats["restores"], 1),
                          "batch_ms": 1000 * stats["train_s"] / max(stats["batches"], 1)})
             print(json.dumps(rows[-1]), flush=True)
-    table = comparison_table(rows)
+    table = comparison_table(rows, stream_intervals(rows))
     results = profile.paths.results
     results.mkdir(parents=True, exist_ok=True)
     (results / LIVE_MD).write_text(
@@ -179,10 +180,24 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
         "run. `sim (stand-ins)`: the same streams replayed on the stand-in curves, whose own losses set each "
         f"job's threshold; `sim (family)`: replayed on other recorded runs of each job's family, {cfg.family_draws} "
         "draws averaged (a live job is such a run). `replay exact`: the simulator replaying each live run on its "
-        f"own curves reproduced every decision and success.\n\n{table}\n\n![live vs simulator]({LIVE_PNG})\n")
+        "own curves reproduced every decision and success. Differences in points, with 95% bootstrap "
+        f"intervals over streams.\n\n{table}\n\n![live vs simulator]({LIVE_PNG})\n")
     plot_comparison(rows, results / LIVE_PNG)
     save_rows(rows, out / LIVE_JSON)
     print(table)
+
+
+def stream_intervals(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per method and prediction, the bootstrap interval of live − predicted success over streams
+    (streams resampled whole: one stream's jobs share its arrivals)."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        out[method] = {}
+        for key in ("simulated", "simulated_family"):
+            diff = hierarchical_bootstrap(np.array([[r["live"] - r[key] for r in mine]]))
+            out[method][key] = (diff.low, diff.high)
+    return out
 
 
 def add_live_arguments(p: argparse.ArgumentParser) -> None:
