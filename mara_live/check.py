@@ -26,7 +26,9 @@ from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_live.curves import LIVE_TASK_SET
-from mara_live.runner import BANK, LOG, RESULT, Placement
+from mara_live.log import LOG
+from mara_live.placement import Placement
+from mara_live.runner import BANK, RESULT
 from mara_live.streams import Stream
 
 FAMILY_DRAW_SALT = 0xFA11  # keeps the family draws apart from the stream's own seeds

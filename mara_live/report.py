@@ -11,7 +11,8 @@ import numpy as np
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_fm.bank import load_bank
-from mara_live.runner import BANK, LOG, RESULT, LiveResult, overhead_figures
+from mara_live.log import LOG
+from mara_live.runner import BANK, RESULT, LiveResult, overhead_figures
 from mara_live.streams import Stream
 
 LIVE_EXPERIMENT = "mara-live"

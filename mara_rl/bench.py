@@ -18,7 +18,8 @@ import numpy as np
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
-from mara_live.runner import LiveConfig, run_live
+from mara_live.config import LiveConfig
+from mara_live.runner import run_live
 from mara_live.streams import generate_stream
 from mara_rl.mat_module import MATConfig
 from mara_rl.methods import Method

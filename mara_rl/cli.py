@@ -22,7 +22,7 @@ from mara_common.tracking import check_reachable, tracking_uri
 from mara_env.env import EnvConfig
 from mara_fm import commands as predictor_commands
 from mara_fm.build_bank import profile_bank
-from mara_live.runner import LiveConfig
+from mara_live.config import LiveConfig
 from mara_rl import live_commands, pipeline, scheduler_commands
 from mara_rl.bench import run_bench
 from mara_rl.evaluate import EvalConfig, evaluate, markdown_table

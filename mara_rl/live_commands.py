@@ -20,6 +20,7 @@ from mara_common.tracking import ensure_experiment
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import profile_bank
 from mara_live.check import family_prediction, predicted_success, replay_live_run
+from mara_live.config import LiveConfig
 from mara_live.report import (
     LIVE_EXPERIMENT,
     TIMELINE_PNG,
@@ -29,7 +30,7 @@ from mara_live.report import (
     plot_curves,
     save_rows,
 )
-from mara_live.runner import CHECK, RESULT, LiveConfig, LiveResult, run_live
+from mara_live.runner import CHECK, RESULT, LiveResult, run_live
 from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
 from mara_rl.pipeline import trained_policies

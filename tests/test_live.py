@@ -18,7 +18,10 @@ from mara_common.threads import torch_threads
 from mara_fm.bank import load_bank
 from mara_fm.families import FAMILIES
 from mara_live.check import family_prediction, predicted_success, replay_live_run
-from mara_live.runner import BANK, LOG, LiveConfig, Placement, run_live
+from mara_live.config import LiveConfig
+from mara_live.log import LOG
+from mara_live.placement import Placement
+from mara_live.runner import BANK, run_live
 from mara_live.streams import JobSpec, Stream, generate_stream, load_stream, save_stream
 from mara_rl.cli import main
 from mara_rl.live_commands import live_env_config
