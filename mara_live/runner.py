@@ -69,8 +69,9 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
 
     curves = GrowingCurves.for_stream(stream, cap=load_curves(env_cfg.bank_path, env_cfg.task_set, env_cfg.split).cap)
     log = TickLog(run_dir / LOG)
+    address = cluster_address()  # checked even when this process already runs a Ray
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
     nodes = RayNodes(env_cfg.n_nodes, stream, curves, run_dir / "checkpoints", cfg)
     if log.past:
         nodes.stats.update(log.past[-1]["stats"])
@@ -115,6 +116,17 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
                                               "overhead_ms": overhead_figures(result.overhead_ms),
                                               "stats": result.stats}, indent=1, default=float))
     return result
+
+
+def cluster_address() -> str | None:
+    """`RAY_ADDRESS` as `ray.init` takes it (None: a local Ray). A dashboard's http address
+    is what job submission takes, not a driver: refused with the two ways that work."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address.startswith(("http://", "https://")):
+        raise ConfigError(f"RAY_ADDRESS={address} is a dashboard address: run the live scheduler on the cluster "
+                          "with `mara submit-live` (which takes it), or point RAY_ADDRESS at the head's "
+                          "GCS (HOST:6379) or `auto` on a cluster machine")
+    return address
 
 
 def overhead_figures(per_tick_ms: np.ndarray) -> dict[str, float]:

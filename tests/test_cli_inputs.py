@@ -353,3 +353,11 @@ def test_live_bad_inputs_fail_before_ray_starts(tmp_path, smoke_bank, capsys, ml
         argv += ["--stream", str(path)]
     assert words in fail(argv, capsys)
     assert not (tmp_path / "run" / "ticks.jsonl").exists()
+
+
+def test_live_with_a_dashboard_address_says_how_to_reach_the_cluster(tmp_path, smoke_bank, capsys, mlflow_store,
+                                                                     monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8266")
+    line = fail(["live", "--profile", "smoke", "--bank", str(smoke_bank), "--method", "edf", "--horizon", "5",
+                 "--out", str(tmp_path / "run")], capsys)
+    assert "mara submit-live" in line and "dashboard address" in line
