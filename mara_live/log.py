@@ -18,6 +18,7 @@ from mara_live.env import Assignment, Trainer
 
 LOG = "ticks.jsonl"
 
+
 class TickLog:
     """The run's log: one JSON line per tick, written before the next tick starts."""
 
@@ -38,11 +39,15 @@ class TickLog:
 class Recorder:
     """The trainer the env sees: it replays the log's losses for ticks already run, then trains live."""
 
-    def __init__(self, log: TickLog, live: Trainer | None) -> None:
+    def __init__(self, log: TickLog, live: Trainer) -> None:
         self.log, self.live = log, live
         self.t = 0
         self.seconds = 0.0  # spent training (the nodes' calls included), summed over ticks
-        self.losses: dict[int, np.ndarray] = {}
+        self.losses: dict[int, np.ndarray] = {}  # the current tick's (none: nothing was trained)
+
+    def begin(self, t: int) -> None:
+        """Start tick `t`: a tick that trains nothing (idle nodes, jobs at their cap) logs no losses."""
+        self.t, self.losses = t, {}
 
     def __call__(self, work: list[Assignment]) -> list[np.ndarray]:
         began = time.perf_counter()

@@ -86,6 +86,7 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
         for t in range(stream.horizon):
             began = time.perf_counter()
             trained_before = recorder.seconds
+            recorder.begin(t)
             action = placement.place(np.asarray(decide({k: v[None] for k, v in obs.items()}, [env])[0]), env)
             if t < len(log.past) and action.tolist() != log.past[t]["action"]:
                 raise RuntimeError(f"tick {t}: the allocator now picks {action.tolist()}, the log says "
@@ -96,7 +97,6 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
             obs, _, done, _, _ = env.step(action)
             if t >= len(log.past):
                 log.write(t, action, recorder.losses, nodes.stats)
-            recorder.t += 1
             served.append(env.node_task.copy())
             left = [k for k in active_before if env.status[k] not in (ACTIVE, WAITING, PENDING)]
             nodes.finish(left)

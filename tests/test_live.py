@@ -19,7 +19,8 @@ from mara_fm.bank import load_bank
 from mara_fm.families import FAMILIES
 from mara_live.check import family_prediction, predicted_success, replay_live_run
 from mara_live.config import LiveConfig
-from mara_live.log import LOG
+from mara_live.env import Assignment
+from mara_live.log import LOG, Recorder, TickLog
 from mara_live.placement import Placement
 from mara_live.runner import BANK, run_live
 from mara_live.streams import JobSpec, Stream, generate_stream, load_stream, save_stream
@@ -56,6 +57,12 @@ def test_a_live_run_accounts_for_every_job_through_a_node_fault(setting, finishe
     assert stats["restores"] > 0 and stats["moves"] < stats["restores"]  # jobs mostly resume where they paused
     # Every job's live curve is the curve its run gives uninterrupted: restores, the killed node
     # and the retrained batches after it left no seam.
+    # The log holds each loss once, at the tick that trained it: its losses, job by job, are the curve.
+    logged: dict[int, list[float]] = {}
+    for line in (run_dir / LOG).read_text().splitlines():
+        for k, losses in json.loads(line)["losses"].items():
+            logged.setdefault(int(k), []).extend(losses)
+    assert {k: len(v) for k, v in logged.items()} == {k: n for k, n in enumerate(stats["known_points"]) if n}
     # (Node actors train on one thread, as the bank's builder does: a thread count changes float sums.)
     bank = load_bank(run_dir / BANK)
     with torch_threads(1):
@@ -117,6 +124,15 @@ def test_mara_live_cli_logs_each_jobs_curve_to_mlflow(smoke_bank, ray_local, mlf
     assert len(history) == known[first]
     artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
     assert {"timeline.png", "curves.png", "ticks.jsonl", "bank.parquet"} <= artifacts
+
+
+def test_a_tick_that_trains_nothing_logs_no_losses(tmp_path) -> None:
+    recorder = Recorder(TickLog(tmp_path / LOG), lambda work: [np.full(a.stop - a.start, 0.5) for a in work])
+    recorder.begin(0)
+    recorder([Assignment(task=3, node=0, start=0, stop=1)])
+    assert list(recorder.losses) == [3]
+    recorder.begin(1)  # every node idle, or serving a job at its cap: the env asks for nothing
+    assert recorder.losses == {}
 
 
 def test_placement_keeps_jobs_on_their_nodes_and_serves_the_same_set() -> None:
