@@ -67,6 +67,11 @@ def policy_path(profile: Profile, name: str, policy: str | None) -> str:
     return normal_path(found.parent)
 
 
+def run_folder(root: Path, method: Method, stream: Stream) -> Path:
+    """A live run's default folder: `<method>-stream<seed>` (`file` for a stream read from a file)."""
+    return root / f"{method.name}-stream{stream.meta.get('seed', 'file')}"
+
+
 def live_env_config(profile: Profile, bank: Path, cfg: LiveConfig) -> EnvConfig:
     return profile.section(EnvConfig, "env", bank=str(bank), task_set=cfg.task_set, split=cfg.split,
                            horizon=cfg.horizon, arrival_prob=cfg.arrival_prob)
@@ -104,10 +109,11 @@ def planned_live(args: argparse.Namespace) -> tuple[LiveConfig, EnvConfig, Strea
     profile: Profile = args.profile
     cfg = profile.section(LiveConfig, "live", kill_at=args.kill_at, horizon=args.horizon)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
-    stream = load_stream(args.stream) if args.stream else generate_stream(env_cfg, args.stream_seed or cfg.stream_seed)
+    seed = cfg.stream_seed if args.stream_seed is None else args.stream_seed
+    stream = load_stream(args.stream) if args.stream else generate_stream(env_cfg, seed)
     method = live_method(profile, env_cfg, args.method, args.policy, args.fm)
-    name = f"{method.name}-stream{stream.meta.get('seed', 'file')}"
-    return cfg, env_cfg, stream, method, Path(args.out) if args.out else profile.paths.report / "live" / name
+    return cfg, env_cfg, stream, method, Path(args.out) if args.out else run_folder(profile.paths.report / "live",
+                                                                                    method, stream)
 
 
 def cmd_live(args: argparse.Namespace) -> None:
@@ -155,7 +161,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
     for seed in range(cfg.stream_seed, cfg.stream_seed + cfg.streams):
         stream = generate_stream(env_cfg, seed)
         for method in methods:
-            run_dir = out / f"{method.name}-stream{seed}"
+            run_dir = run_folder(out, method, stream)
             if not (run_dir / CHECK).exists():  # a finished run is read back, not run again
                 live_run(method, env_cfg, stream, run_dir, cfg, {"profile": profile.name, "kind": "live-compare"},
                          progress=False)

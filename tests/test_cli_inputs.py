@@ -16,12 +16,14 @@ import torch
 
 from mara_common.config import ConfigError
 from mara_common.paths import PROFILE_DIR
+from mara_common.profile import Profile
 from mara_fm.bank import BankError, load_bank, save_bank
 from mara_fm.eval_predictor import QueryConfig, bank_query_sets
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.fm import CONFIG_FILE, WEIGHTS_FILE, ArtifactError
 from mara_fm.train_predictor import train_predictor
-from mara_rl.cli import main
+from mara_rl.cli import build_parser, main
+from mara_rl.live_commands import planned_live
 
 SMOKE_TOML = (PROFILE_DIR / "smoke.toml").read_text()
 SUFFIX = " (--debug shows the traceback)"
@@ -361,3 +363,11 @@ def test_live_with_a_dashboard_address_says_how_to_reach_the_cluster(tmp_path, s
     line = fail(["live", "--profile", "smoke", "--bank", str(smoke_bank), "--method", "edf", "--horizon", "5",
                  "--out", str(tmp_path / "run")], capsys)
     assert "mara submit-live" in line and "dashboard address" in line
+
+
+def test_live_stream_seed_zero_is_a_seed(smoke_bank):
+    args = build_parser().parse_args(["live", "--profile", "smoke", "--bank", str(smoke_bank), "--method", "edf",
+                                      "--stream-seed", "0"])
+    args.profile = Profile.load("smoke")
+    _, _, stream, _, out = planned_live(args)
+    assert stream.meta["seed"] == 0 and out.name == "edf-stream0"
