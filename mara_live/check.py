@@ -25,6 +25,7 @@ import numpy as np
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
 from mara_env.vector import BatchDecide, replay_in_lockstep
+from mara_env.workload import Episode
 from mara_live.curves import LIVE_TASK_SET
 from mara_live.log import LOG
 from mara_live.placement import Placement
@@ -59,11 +60,16 @@ def replay_live_run(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, 
             "replayed_success_rate": float(out["success_rate"])}
 
 
+def mean_success(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, episodes: list[Episode]) -> float:
+    """The simulator's mean success rate over `episodes` (of the bank split `env_cfg` names)."""
+    with torch_threads(1):
+        outs = replay_in_lockstep(replace(env_cfg, horizon=episodes[0].horizon), episodes, make_decide())
+    return float(np.mean([out["success_rate"] for out in outs]))
+
+
 def predicted_success(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream) -> float:
     """The simulator's success rate for `stream` on the bank's recorded runs (the stand-ins)."""
-    with torch_threads(1):
-        return float(replay_in_lockstep(replace(env_cfg, horizon=stream.horizon), [stream.stand_in_episode()],
-                                        make_decide())[0]["success_rate"])
+    return mean_success(make_decide, env_cfg, [stream.stand_in_episode()])
 
 
 def family_prediction(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream, draws: int,
@@ -82,6 +88,4 @@ def family_prediction(make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig
             others = others if len(others) else curves.ids[family]  # a family with one run in the split
             ids.append(str(others[rng.integers(len(others))]))
         episodes.append(replace(base, curve_ids=ids))
-    with torch_threads(1):
-        outs = replay_in_lockstep(replace(env_cfg, horizon=stream.horizon), episodes, make_decide())
-    return float(np.mean([out["success_rate"] for out in outs]))
+    return mean_success(make_decide, env_cfg, episodes)

@@ -28,10 +28,10 @@ class GrowingCurves(CurveSet):
     @classmethod
     def for_stream(cls, stream: Stream, cap: int) -> GrowingCurves:
         """One empty curve per job of `stream`, rows in arrival order (ids `stream.ids`)."""
-        hyper = np.array([hyperparameters(job) for job in stream.jobs], dtype=object).reshape(-1, 2)
+        hyper = [hyperparameters(job) for job in stream.jobs]
         n = len(stream.jobs)
         return cls(ids=np.array(stream.ids, dtype=str), families=np.array([j.kind for j in stream.jobs], dtype=str),
-                   batch_size=hyper[:, 0].astype(np.int64), lr=hyper[:, 1].astype(np.float64),
+                   batch_size=np.array([b for b, _ in hyper], np.int64), lr=np.array([lr for _, lr in hyper], np.float64),
                    losses=np.full((n, cap), np.nan), known=np.zeros(n, np.int64))
 
     @property

@@ -156,10 +156,10 @@ class RayNodes:
         self.actors[node] = self._spawn(node)
         self.holder = {k: i for k, i in self.holder.items() if i != node}
 
-    def _call(self, node: int, method: str, *args: Any) -> Any:
-        """A call on node `node`, on a fresh actor if the node died (once)."""
+    def _get(self, node: int, ref: ray.ObjectRef, method: str, *args: Any) -> Any:
+        """The result of call `ref` on node `node`; if the node died, the call again on a fresh one."""
         try:
-            return ray.get(getattr(self.actors[node], method).remote(*args))
+            return ray.get(ref)
         except ray.exceptions.RayActorError:
             self._replace(node)
             return ray.get(getattr(self.actors[node], method).remote(*args))
@@ -179,11 +179,7 @@ class RayNodes:
         refs = [self.actors[a.node].train.remote(*self._args(a)) for a in work]
         outs = []
         for a, ref in zip(work, refs, strict=True):
-            try:
-                out = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self._replace(a.node)
-                out = self._call(a.node, "train", *self._args(a))
+            out = self._get(a.node, ref, "train", *self._args(a))
             self._check_replayed(a, out["replayed"])
             if out["loaded"] == "fresh":
                 self.stats["builds"] += 1

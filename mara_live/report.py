@@ -10,7 +10,6 @@ import numpy as np
 
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
-from mara_fm.bank import load_bank
 from mara_live.log import LOG
 from mara_live.runner import BANK, RESULT, LiveResult, overhead_figures
 from mara_live.streams import Stream
@@ -22,15 +21,12 @@ TIMELINE_PNG, CURVES_PNG = "timeline.png", "curves.png"
 def plot_curves(run_dir: Path, stream: Stream, result: LiveResult) -> Path:
     """Every job's cumulative-average loss over its threshold, log scale: a job succeeds
     where its line reaches 1 (green: it did, grey: it did not)."""
-    bank = load_bank(run_dir / BANK)
-    known = result.stats["known_points"]
+    curves = result.curves
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, (losses, job) in enumerate(zip(bank["losses"], stream.jobs, strict=True)):
-        n = known[i]
-        if not n:
-            continue
-        avg = np.cumsum(losses[:n]) / np.arange(1, n + 1)
-        ax.plot(np.arange(1, n + 1), avg / job.eps, color="tab:green" if result.succeeded[i] else "0.6", lw=0.8)
+    for i, (n, job) in enumerate(zip(curves.known.tolist(), stream.jobs, strict=True)):
+        if n:
+            ax.plot(np.arange(1, n + 1), curves.avg[i, :n] / job.eps, lw=0.8,
+                    color="tab:green" if result.succeeded[i] else "0.6")
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_xlabel("batches trained")
@@ -45,7 +41,7 @@ def log_live_run(run_dir: Path, name: str, stream: Stream, result: LiveResult, c
     metric series (`loss/<job>`), and the plots, log and live bank as artifacts."""
     import mlflow
 
-    bank = load_bank(run_dir / BANK)
+    curves = result.curves
     with mlflow_run(LIVE_EXPERIMENT, f"{name} {run_dir.name}", {**tags, "method": name}):
         mlflow.log_params({"method": name, "jobs": len(stream.jobs), "horizon": stream.horizon,
                            **{f"stream.{k}": v for k, v in stream.meta.items()}})
@@ -53,7 +49,7 @@ def log_live_run(run_dir: Path, name: str, stream: Stream, result: LiveResult, c
         overhead = {f"overhead_ms_{k}": v for k, v in overhead_figures(result.overhead_ms).items()}
         mlflow.log_metrics({"success_rate": result.success_rate, **overhead, **figures,
                             **{k: float(v) for k, v in check.items()}})
-        for cid, losses, n in zip(bank["curve_id"], bank["losses"], result.stats["known_points"], strict=True):
+        for cid, losses, n in zip(curves.ids.tolist(), curves.losses, curves.known.tolist(), strict=True):
             metrics = [mlflow.entities.Metric(f"loss/{cid}", float(v), 0, step) for step, v in enumerate(losses[:n])]
             mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=metrics)
         for artifact in (TIMELINE_PNG, CURVES_PNG, LOG, RESULT, BANK):

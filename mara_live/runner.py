@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from mara_common.config import ConfigError
 from mara_common.threads import torch_threads
-from mara_env.env import ACTIVE, PENDING, SUCCEEDED, WAITING, EnvConfig, load_curves
+from mara_env.env import ACTIVE, EXPIRED, SUCCEEDED, WAITING, EnvConfig, load_curves
 from mara_env.vector import BatchDecide
 from mara_fm.bank import save_bank
 from mara_live.config import LiveConfig
@@ -50,6 +50,7 @@ class LiveResult:
     served: np.ndarray  # (T, N) the job each node served per tick (-1: idle)
     stats: dict[str, Any]
     overhead_ms: np.ndarray  # scheduler time per tick: allocator, predictor, bookkeeping (not training)
+    curves: GrowingCurves  # every job's losses and cumulative averages, as far as it was trained
 
 
 def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConfig, stream: Stream, run_dir: Path,
@@ -98,8 +99,7 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
             if t >= len(log.past):
                 log.write(t, action, recorder.losses, nodes.stats)
             served.append(env.node_task.copy())
-            left = [k for k in active_before if env.status[k] not in (ACTIVE, WAITING, PENDING)]
-            nodes.finish(left)
+            nodes.finish([k for k in active_before if env.status[k] in (SUCCEEDED, EXPIRED)])
             overhead.append(time.perf_counter() - began - (recorder.seconds - trained_before))
             view(env, stream)
             if done:
@@ -109,7 +109,7 @@ def run_live(name: str, make_decide: Callable[[], BatchDecide], env_cfg: EnvConf
                         {**nodes.stats, **summary, "expirations": env.stats["expirations"],
                          "rejections": env.stats["rejections"], "resumed_ticks": len(log.past),
                          "known_points": curves.known.tolist(), "batches": int(curves.known.sum())},
-                        1000 * np.array(overhead))
+                        1000 * np.array(overhead), curves)
     save_bank(curves.to_bank([j.seed for j in stream.jobs]), run_dir / BANK)
     (run_dir / RESULT).write_text(json.dumps({"method": name, "success_rate": result.success_rate,
                                               "succeeded": result.succeeded,

@@ -20,6 +20,7 @@ prediction for the stream can be replayed on the bank's curve.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from collections.abc import Callable
@@ -56,7 +57,7 @@ class Stream:
     jobs: tuple[JobSpec, ...]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def ids(self) -> list[str]:
         """The jobs' names, in arrival order; also their curve ids in a live bank."""
         return [f"job-{i:04d}" for i in range(len(self.jobs))]
