@@ -7,6 +7,7 @@ MARA    := $(VENV)/bin/mara
 # A profile with `stage_one_from = "<name>"` shares that profile's bank and predictor.
 STAGE_ONE := $(or $(shell sed -n 's/^stage_one_from *= *"\(.*\)"/\1/p' experiments/profiles/$(PROFILE).toml 2>/dev/null),$(PROFILE))
 BANK    := data/banks/$(STAGE_ONE).parquet
+WIDE_BANK := data/banks/$(STAGE_ONE)-wide.parquet
 FM      := artifacts/predictor/$(STAGE_ONE)/predictor
 # Scheduler settings default to the profile's [scheduler]; these override the common ones
 # (every [scheduler] setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
@@ -29,7 +30,7 @@ RAY_DASH  ?= 8266
 # ray.init() (a training run) or another head on the machine does not collide with it.
 RAY_PORTS ?= 26380
 
-.PHONY: setup test lint curves train-predictor eval-predictor train-scheduler submit-scheduler \
+.PHONY: setup test lint curves curves-wide train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench live live-compare mlflow-ui clean ray-up ray-down
 
 setup: $(VENV)/.installed
@@ -56,6 +57,10 @@ test: lint
 curves: $(BANK)
 $(BANK): | $(VENV)/.installed
 	$(MARA) curves --profile $(PROFILE) --out $@
+
+curves-wide: $(WIDE_BANK)
+$(WIDE_BANK): | $(VENV)/.installed
+	$(MARA) curves --wide --profile $(PROFILE) --out $@
 
 train-predictor: $(FM)/config.json
 $(FM)/config.json: $(BANK)

@@ -35,6 +35,11 @@ class ProjectPaths:
         return PROJECT_ROOT / "data" / "banks" / f"{self.stage_one_name}.parquet"
 
     @property
+    def wide_bank(self) -> Path:
+        """Runs of the wide families (mara_fm/wide_families.py): predictor training and selection only."""
+        return PROJECT_ROOT / "data" / "banks" / f"{self.stage_one_name}-wide.parquet"
+
+    @property
     def predictor_run(self) -> Path:
         """`train-predictor`'s folder: checkpoints, the MLflow run id, the export."""
         return PROJECT_ROOT / "artifacts" / "predictor" / self.stage_one_name

@@ -22,8 +22,13 @@ from tqdm import tqdm
 from mara_common.config import check_config, setting
 from mara_common.profile import Profile
 from mara_fm.bank import load_bank, save_bank
-from mara_fm.families import FAMILIES
+from mara_fm.families import FAMILIES, Family
 from mara_fm.predictors import WARMUP_POINTS
+from mara_fm.wide_families import WIDE_FAMILIES
+
+# The task sets whose families train a predictor: split by curve like the ID set.
+TRAINING_TASK_SETS = ("id", "wide")
+SLOWEST = ("gru_charlm", "vit_digits", "lstm_adding", "tfm_charlm", "gcn_blocks")  # built first
 
 CHUNK = 10
 SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
@@ -49,12 +54,12 @@ def curve_seed(root: int, family: str, index: int) -> int:
     return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def plan(cfg: BankConfig) -> list[tuple[str, int, str]]:
-    """Every curve to build, as (family, index, split); ID split by curve."""
+def plan(cfg: BankConfig, families: dict[str, Family] = FAMILIES) -> list[tuple[str, int, str]]:
+    """Every curve to build, as (family, index, split); ID and wide families split by curve."""
     jobs = []
     ood_sets: dict[str, list[str]] = {}
-    for fam in FAMILIES.values():
-        if fam.task_set == "id":
+    for fam in families.values():
+        if fam.task_set in TRAINING_TASK_SETS:
             n = cfg.curves_per_id_family
             order = np.random.default_rng(curve_seed(cfg.seed, fam.name, 10**6)).permutation(n)
             n_train = round(SPLIT_FRACTIONS["train"] * n)
@@ -78,16 +83,17 @@ def _run_chunk(args: tuple[list[tuple[str, int, str]], BankConfig, str]) -> tupl
     chunk, cfg, out = args
     rows = []
     for family, index, split in chunk:
-        row = FAMILIES[family].run(curve_seed(cfg.seed, family, index), cfg.cap)
+        row = {**FAMILIES, **WIDE_FAMILIES}[family].run(curve_seed(cfg.seed, family, index), cfg.cap)
         row.update(curve_id=f"{family}-{index:05d}", split=split)
         rows.append(row)
     save_bank(pd.DataFrame(rows), out)
     return out, len(chunk)
 
 
-def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: bool = False) -> Path:
-    """Build (or finish building) the bank at `path`; returns the path. `fresh` discards the
-    finished chunks of an earlier build first."""
+def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: bool = False,
+               families: dict[str, Family] = FAMILIES) -> Path:
+    """Build (or finish building) the bank of `families` at `path`; returns the path. `fresh`
+    discards the finished chunks of an earlier build first."""
     path = Path(path)
     parts = path.with_suffix(".parts")
     if fresh:
@@ -102,7 +108,7 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: 
         )
     manifest.write_text(json.dumps(stored))
 
-    jobs = plan(cfg)
+    jobs = plan(cfg, families)
     chunks: list[tuple[list, BankConfig, str]] = []
     by_family: dict[str, list] = {}
     for job in jobs:
@@ -113,7 +119,7 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: 
             if not out.exists():
                 chunks.append((fjobs[c : c + CHUNK], cfg, str(out)))
     # Slowest families first keeps both workers busy until the end.
-    chunks.sort(key=lambda ch: ch[0][0][0] not in ("gru_charlm", "vit_digits", "lstm_adding"))
+    chunks.sort(key=lambda ch: ch[0][0][0] not in SLOWEST)
     todo = sum(len(c[0]) for c in chunks)
     workers = cfg.workers or os.cpu_count() or 1
     start = time.perf_counter()
@@ -134,9 +140,15 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: 
     return path
 
 
-def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True) -> Path:
+def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True,
+                families: dict[str, Family] = FAMILIES) -> Path:
     path = Path(path)
-    return path if path.exists() else build_bank(cfg, path, progress)
+    return path if path.exists() else build_bank(cfg, path, progress, families=families)
+
+
+def ensure_wide_bank(profile: Profile, progress: bool = True) -> Path:
+    """The profile's wide bank (`[wide_bank]`, mara_fm/wide_families.py), built first if missing."""
+    return ensure_bank(profile.section(BankConfig, "wide_bank"), profile.paths.wide_bank, progress, WIDE_FAMILIES)
 
 
 def profile_bank(profile: Profile, path: str | Path | None = None, build: bool = True) -> Path:

@@ -12,13 +12,17 @@ from typing import Any
 
 from mara_fm.build_bank import BankConfig, build_bank, profile_bank
 from mara_fm.eval_predictor import EVAL_FILE, markdown_table, run_eval
+from mara_fm.families import FAMILIES
 from mara_fm.train_predictor import train_predictor
+from mara_fm.wide_families import WIDE_FAMILIES
 
 
 def cmd_curves(args: argparse.Namespace) -> None:
-    cfg = args.profile.section(BankConfig, "bank", workers=args.workers)
-    path = build_bank(cfg, Path(args.out) if args.out else args.profile.paths.bank, progress=True,
-                      fresh=args.fresh)
+    section, default, families = (("wide_bank", args.profile.paths.wide_bank, WIDE_FAMILIES) if args.wide
+                                  else ("bank", args.profile.paths.bank, FAMILIES))
+    cfg = args.profile.section(BankConfig, section, workers=args.workers)
+    path = build_bank(cfg, Path(args.out) if args.out else default, progress=True, fresh=args.fresh,
+                      families=families)
     print(f"bank written: {path}")
 
 
@@ -40,7 +44,9 @@ def cmd_eval_predictor(args: argparse.Namespace) -> None:
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     """Add the stage-one commands; `common` carries the flags every command has (--profile)."""
     p = subparsers.add_parser("curves", parents=[common], help="build the curve bank from real training runs")
-    p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet)")
+    p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet, or <profile>-wide.parquet)")
+    p.add_argument("--wide", action="store_true",
+                   help="build the wide bank ([wide_bank]): the extra families FM may train and be selected on")
     p.add_argument("--workers", type=int, help="processes (default: one per core)")
     p.add_argument("--fresh", action="store_true", help="discard the chunks of an earlier build first")
     p.set_defaults(func=cmd_curves, output_files=("out",))

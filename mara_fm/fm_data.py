@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from mara_fm.bank import CurveSet, load_bank, select
+from mara_fm.build_bank import TRAINING_TASK_SETS
 from mara_fm.curve_prior import ar1_paths, sample_prior
 from mara_fm.eval_predictor import Queries, QueryConfig, make_queries, reference_curves, score
 from mara_fm.fm_model import PredictorConfig
@@ -49,20 +50,22 @@ def wobble(losses: np.ndarray, share: float, sigma: float, length: float,
 
 
 def split_curves(frame: pd.DataFrame, heldout: tuple[str, ...] = ()) -> tuple[CurveSet, CurveSet]:
-    """(train, val) ID curves: by the bank's split, or with `heldout` families as val.
+    """(train, val) curves of the training families (ID, and wide when `frame` holds them):
+    by the bank's split, or with `heldout` families as val.
 
     Held-out families give up their train and val curves to validation (their
     test curves stay untouched) and the other families' val curves go unused.
     """
-    ids = frame[frame["task_set"] == "id"]
+    ids = frame[frame["task_set"].isin(TRAINING_TASK_SETS)].assign(task_set="id")
     if not heldout:
         return select(ids, "id", "train"), select(ids, "id", "val")
     families = set(ids["family"])
     unknown = sorted(set(heldout) - families)
     if unknown:
-        raise ValueError(f"heldout_families {unknown} are not ID families of the bank (it has {sorted(families)})")
+        raise ValueError(f"heldout_families {unknown} are not training families of the bank "
+                         f"(it has {sorted(families)}; wide families need wide_families = true)")
     if families <= set(heldout):
-        raise ValueError(f"heldout_families {sorted(heldout)} leave no ID family to train on")
+        raise ValueError(f"heldout_families {sorted(heldout)} leave no family to train on")
     held = ids["family"].isin(heldout)
     split = ids["split"].where(~held | (ids["split"] == "test"), "val")
     split = split.where(held | (split != "val"), "unused")
@@ -119,13 +122,17 @@ def to_tensors(points: np.ndarray, counts: np.ndarray, static: np.ndarray, y: np
 
 
 class FMDataModule(L.LightningDataModule):
-    """ID train curves for training, ID val curves (or held-out families) for the val FM loss and capped MAE."""
+    """ID train curves (and the wide bank's, with `wide_families`) for training; their val
+    curves (or held-out families) for the val FM loss and capped MAE."""
 
     def __init__(self, cfg: PredictorConfig, bank_path: str | Path,
-                 query_cfg: QueryConfig | None = None) -> None:
+                 query_cfg: QueryConfig | None = None, wide_bank_path: str | Path | None = None) -> None:
         super().__init__()
+        if cfg.wide_families and wide_bank_path is None:
+            raise ValueError("PredictorConfig.wide_families is set but no wide bank was given")
         self.cfg = cfg
         self.bank_path = Path(bank_path)
+        self.wide_bank_path = Path(wide_bank_path) if cfg.wide_families else None
         self.query_cfg = query_cfg or QueryConfig()
         self.stats: Stats | None = None
 
@@ -134,6 +141,8 @@ class FMDataModule(L.LightningDataModule):
             return
         cfg = self.cfg
         frame = load_bank(self.bank_path)
+        if self.wide_bank_path is not None:
+            frame = pd.concat([frame, load_bank(self.wide_bank_path)], ignore_index=True)
         train, val = split_curves(frame, cfg.heldout_families)
         self.train = train
         self.stats = fit_stats(self.train, cfg)

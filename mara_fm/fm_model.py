@@ -60,6 +60,9 @@ class PredictorConfig:
     # val MAE measures forecasts for families the network never saw (what RL OOD and ViT
     # OOD ask of it). Empty (the default) = validate on ID val curves of every family.
     heldout_families: tuple[str, ...] = ()
+    # Train (and validate) on the wide bank's eight extra families too (wide_families.py),
+    # beside the ID ones; `heldout_families` may then name wide families.
+    wide_families: bool = False
     # The synthetic curve prior (curve_prior.py): "off"; "pretrain" (the first `prior_epochs`
     # epochs on `prior_curves` synthetic curves only, then the real ones); "mixture" (every
     # epoch on the real train curves and the synthetic ones together). Standardisation

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+Schedule = torch.optim.lr_scheduler.LRScheduler | None  # stepped after every batch
 
 
 @runtime_checkable
@@ -41,9 +42,11 @@ class SupervisedJob:
     """Minibatch training over shuffled epochs of an in-memory dataset."""
 
     def __init__(self, data: Batch, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 optimizer: torch.optim.Optimizer, gen: torch.Generator, batch_size: int) -> None:
+                 optimizer: torch.optim.Optimizer, gen: torch.Generator, batch_size: int,
+                 schedule: Schedule = None) -> None:
         self.x, self.y = data
         self.model, self.loss_fn, self.optimizer, self.gen = model, loss_fn, optimizer, gen
+        self.schedule = schedule
         self.batch_size = batch_size
         self.order = torch.randperm(len(self.x), generator=gen)
         self.pos = 0
@@ -53,16 +56,15 @@ class SupervisedJob:
             self.order, self.pos = torch.randperm(len(self.x), generator=self.gen), 0
         idx = self.order[self.pos : self.pos + self.batch_size]
         self.pos += self.batch_size
-        return _descend(self.model, self.optimizer, self.loss_fn(self.model(self.x[idx]), self.y[idx]))
+        loss = self.loss_fn(self.model(self.x[idx]), self.y[idx])
+        return _descend(self.model, self.optimizer, loss, self.schedule)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "gen": self.gen.get_state(), "order": self.order, "pos": self.pos}
+        return {**_learner_state(self.model, self.optimizer, self.schedule, self.gen),
+                "order": self.order, "pos": self.pos}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.gen.set_state(state["gen"])
+        _load_learner_state(state, self.model, self.optimizer, self.schedule, self.gen)
         self.order, self.pos = state["order"].clone(), int(state["pos"])
 
 
@@ -70,8 +72,9 @@ class LanguageModelJob:
     """Next-character prediction on random windows of a token stream."""
 
     def __init__(self, corpus: torch.Tensor, vocab: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 gen: torch.Generator, batch_size: int, context: int = 24) -> None:
+                 gen: torch.Generator, batch_size: int, context: int = 24, schedule: Schedule = None) -> None:
         self.corpus, self.vocab, self.model, self.optimizer, self.gen = corpus, vocab, model, optimizer, gen
+        self.schedule = schedule
         self.batch_size, self.context = batch_size, context
         self.offsets = torch.arange(context + 1)
 
@@ -80,15 +83,13 @@ class LanguageModelJob:
         window = self.corpus[start + self.offsets]
         logits = self.model(window[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, self.vocab), window[:, 1:].reshape(-1))
-        return _descend(self.model, self.optimizer, loss)
+        return _descend(self.model, self.optimizer, loss, self.schedule)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "gen": self.gen.get_state()}
+        return _learner_state(self.model, self.optimizer, self.schedule, self.gen)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.gen.set_state(state["gen"])
+        _load_learner_state(state, self.model, self.optimizer, self.schedule, self.gen)
 
 
 class DQNJob:
@@ -167,8 +168,53 @@ class DQNJob:
         self.obs, self.t = state["obs"].copy(), int(state["t"])
 
 
-def _descend(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> float:
+def lr_schedule(optimizer: torch.optim.Optimizer, kind: str, planned: int, warmup: float = 0.1,
+                milestones: tuple[float, ...] = (0.5, 0.75), gamma: float = 0.2) -> Schedule:
+    """A per-batch learning-rate schedule over a run of `planned` batches.
+
+    `kind`: "constant"; "step" (× `gamma` at each milestone, a fraction of `planned`);
+    "cosine" (to 0 at `planned`); "warmup" (linear from 0 over the first `warmup` share,
+    then constant); "warmup_cosine" (that warm-up, then cosine). These are the kinks real
+    curves show where a schedule changes pace (docs/design.md §2).
+    """
+    n_warm = max(1, round(warmup * planned))
+
+    def factor(t: int) -> float:
+        warm = min(1.0, (t + 1) / n_warm) if kind.startswith("warmup") else 1.0
+        if kind == "step":
+            return gamma ** sum(t >= m * planned for m in milestones)
+        if kind in ("cosine", "warmup_cosine"):
+            start = n_warm if kind == "warmup_cosine" else 0
+            done = min(1.0, max(0, t - start) / max(1, planned - start))
+            return warm * 0.5 * (1 + np.cos(np.pi * done))
+        if kind in ("constant", "warmup"):
+            return warm
+        raise ValueError(f"unknown learning-rate schedule {kind!r} (constant, step, cosine, warmup, warmup_cosine)")
+
+    factor(0)  # an unknown kind fails here, not at the first batch
+    return None if kind == "constant" else torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _learner_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Schedule,
+                   gen: torch.Generator) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "gen": gen.get_state(),
+            "schedule": schedule.state_dict() if schedule is not None else None}
+
+
+def _load_learner_state(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+                        schedule: Schedule, gen: torch.Generator) -> None:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    gen.set_state(state["gen"])
+    if schedule is not None:
+        schedule.load_state_dict(state["schedule"])
+
+
+def _descend(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+             schedule: Schedule = None) -> float:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+    if schedule is not None:
+        schedule.step()
     return float(loss.item())

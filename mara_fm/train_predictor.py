@@ -27,7 +27,7 @@ from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_common.tracking import mlflow_run
 from mara_fm.bank import bank_digest
-from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.build_bank import BankConfig, ensure_bank, ensure_wide_bank
 from mara_fm.eval_predictor import Queries, score
 from mara_fm.fm_data import FMDataModule
 from mara_fm.fm_lightning import FMLightning
@@ -124,6 +124,7 @@ def _train(profile: Profile, bank_path: str | Path | None, out_dir: str | Path |
     cfg = profile.section(PredictorConfig, "predictor", **overrides)
     bank_path = Path(bank_path) if bank_path else profile.paths.bank
     ensure_bank(profile.section(BankConfig, "bank"), bank_path, progress=verbose)
+    wide_bank = ensure_wide_bank(profile, progress=verbose) if cfg.wide_families else None
     out_dir = Path(out_dir) if out_dir else profile.paths.predictor_run
     ckpt_dir, run_file = out_dir / "checkpoints", out_dir / "mlflow_run_id"
     last = ckpt_dir / "last.ckpt"
@@ -133,12 +134,14 @@ def _train(profile: Profile, bank_path: str | Path | None, out_dir: str | Path |
     settings = {k: v for k, v in asdict(cfg).items() if k != "max_epochs"}
     inputs = {"bank": normal_path(bank_path), "bank_digest": bank_digest(bank_path),
               "config": json.loads(json.dumps(settings))}
+    if wide_bank is not None:
+        inputs["wide_bank_digest"] = bank_digest(wide_bank)
     check_inputs(out_dir, inputs)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))
     resuming = last.exists()
     L.seed_everything(cfg.seed, verbose=False)
-    data = FMDataModule(cfg, bank_path)
+    data = FMDataModule(cfg, bank_path, wide_bank_path=wide_bank)
     data.setup()
     module = FMLightning(cfg, data.stats)
     run_id = run_file.read_text().strip() if resuming and run_file.exists() else None

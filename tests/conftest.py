@@ -1,4 +1,4 @@
-"""Shared fixtures: the smoke bank (real training runs, built once per machine), a FM predictor, MLflow."""
+"""Shared fixtures: the smoke banks (real training runs, built once per machine), a FM predictor, MLflow."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from mara_common.profile import Profile
 from mara_fm.bank import load_bank, select
-from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.build_bank import BankConfig, ensure_bank, ensure_wide_bank
 from mara_fm.fm_data import fit_stats
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors import FMPredictor
@@ -23,6 +23,12 @@ SMOKE_BANK = SMOKE_PROFILE.paths.bank
 @pytest.fixture(scope="session")
 def smoke_bank() -> Path:
     return ensure_bank(SMOKE_PROFILE.section(BankConfig, "bank"), SMOKE_BANK, progress=False)
+
+
+@pytest.fixture(scope="session")
+def smoke_wide_bank() -> Path:
+    """The smoke profile's wide bank: a few real runs of each wide family."""
+    return ensure_wide_bank(SMOKE_PROFILE, progress=False)
 
 
 @pytest.fixture(scope="session")

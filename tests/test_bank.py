@@ -5,6 +5,7 @@ import pytest
 from mara_fm.bank import BankError, load_bank, save_bank, select
 from mara_fm.build_bank import BankConfig, build_bank, plan
 from mara_fm.families import FAMILIES
+from mara_fm.wide_families import WIDE_FAMILIES
 
 
 def _frame(smoke_bank, n=3):
@@ -84,3 +85,17 @@ def test_save_bank_rejects_bad_frames(smoke_bank, tmp_path):
     bad = _frame(smoke_bank).assign(split="holdout")
     with pytest.raises(BankError, match="split"):
         save_bank(bad, tmp_path / "x.parquet")
+
+
+def test_wide_families_are_split_like_id_families_and_built_into_their_own_bank(smoke_wide_bank):
+    cfg = BankConfig(curves_per_id_family=20)
+    jobs = plan(cfg, WIDE_FAMILIES)
+    assert {f for f, _, _ in jobs} == set(WIDE_FAMILIES) and len(jobs) == 20 * len(WIDE_FAMILIES)
+    for name in WIDE_FAMILIES:
+        splits = [s for f, _, s in jobs if f == name]
+        assert (splits.count("train"), splits.count("val"), splits.count("test")) == (14, 3, 3)
+    assert not {f for f, _, _ in plan(cfg)} & set(WIDE_FAMILIES)  # the main bank stays as it was
+    frame = load_bank(smoke_wide_bank)
+    assert set(frame["family"]) == set(WIDE_FAMILIES) and set(frame["task_set"]) == {"wide"}
+    training = [f for f in {**FAMILIES, **WIDE_FAMILIES}.values() if f.task_set in ("id", "wide")]
+    assert len(training) >= 16

@@ -74,7 +74,7 @@ def test_heldout_families_move_from_training_to_validation(smoke_bank):
     assert len(data.val_queries) > 0 and data.val_queries.curve.max() < len(h_val)
 
 
-@pytest.mark.parametrize("bad, message", [(("no_such_family",), "not ID families"), (None, "no ID family to train")])
+@pytest.mark.parametrize("bad, message", [(("no_such_family",), "not training families"), (None, "no family to train")])
 def test_bad_heldout_families_are_refused(smoke_bank, bad, message):
     frame = load_bank(smoke_bank)
     held = tuple(sorted(set(frame.loc[frame["task_set"] == "id", "family"]))) if bad is None else bad
@@ -82,3 +82,24 @@ def test_bad_heldout_families_are_refused(smoke_bank, bad, message):
         split_curves(frame, held)
     with pytest.raises(ValueError, match="list of family names"):
         PredictorConfig(heldout_families="mlp_wine")
+
+
+def test_wide_families_join_training_and_can_be_held_out(smoke_bank, smoke_wide_bank):
+    cfg = PredictorConfig(examples_per_curve=4, wide_families=True)
+    data = FMDataModule(cfg, smoke_bank, wide_bank_path=smoke_wide_bank)
+    data.setup()
+    wide = load_bank(smoke_wide_bank)
+    assert set(wide["task_set"]) == {"wide"}
+    wide_train = set(wide.loc[wide["split"] == "train", "curve_id"])
+    id_only = FMDataModule(PredictorConfig(examples_per_curve=4), smoke_bank, wide_bank_path=smoke_wide_bank)
+    id_only.setup()
+    assert set(data.train.ids) == set(id_only.train.ids) | wide_train  # without the flag the wide bank is unread
+    held = FMDataModule(dataclasses.replace(cfg, heldout_families=("gcn_blocks",)), smoke_bank,
+                        wide_bank_path=smoke_wide_bank)
+    held.setup()
+    assert "gcn_blocks" not in held.train.family_names() and held.val_queries.curve.max() < len(
+        wide[(wide["family"] == "gcn_blocks") & (wide["split"] != "test")])
+    with pytest.raises(ValueError, match="no wide bank"):
+        FMDataModule(cfg, smoke_bank)
+    with pytest.raises(ValueError, match="wide_families = true"):
+        split_curves(load_bank(smoke_bank), ("gcn_blocks",))

@@ -4,6 +4,7 @@ and writes a table whose figures lie in range."""
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from pathlib import Path
 from types import ModuleType
@@ -112,22 +113,40 @@ def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
                "--networks", "tiny", "--epochs", "1")
     [rows] = tables(path)
-    [(name, params, epochs, prior, mae, folds, best, chosen)] = rows
-    assert (name, epochs, prior, chosen) == ("t1", "1", "off", "yes")
-    assert number(params) > 0 and 0 <= number(best) <= number(mae) < math.inf and number(folds) == number(mae)
+    [(name, params, epochs, prior, wide, mae, folds, chosen)] = rows
+    assert (name, epochs, prior, wide, chosen) == ("t1", "1", "off", "no", "yes")
+    assert number(params) > 0 and 0 <= number(mae) < math.inf and number(folds) == number(mae)
 
 
-def test_select_predictor_folds_and_priors(smoke_bank, mlflow_store, tmp_path):
-    path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
-               "--networks", "tiny", "--epochs", "2", "--priors", "off,pretrain,mixture",
-               "--folds", "mlp_wine+mlp_digits,cnn_digits+logreg_cancer")
+def test_selection_over_priors_and_wide_families_then_their_scheduler_consequence(smoke_bank, smoke_wide_bank,
+                                                                                  mlflow_store, tmp_path):
+    grid = ["--work", str(tmp_path / "work"), "--networks", "tiny", "--epochs", "2", "--priors", "off,mixture",
+            "--data", "id,wide", "--folds", "mlp_wine+gcn_blocks,cnn_digits+mf_ratings+tfm_charlm"]
+    path = run("select_predictor", smoke_bank, tmp_path, *grid)
     [rows] = tables(path)
-    assert [r[0] for r in rows] == ["t2", "t2-pretrain", "t2-mixture"] and [r[3] for r in rows] == \
-        ["off", "pretrain", "mixture"]
+    assert [r[0] for r in rows] == ["t2", "t2-wide", "t2-mixture", "t2-mixture-wide"]
+    assert [(r[3], r[4]) for r in rows] == [("off", "no"), ("off", "yes"), ("mixture", "no"), ("mixture", "yes")]
     for row in rows:
-        per_fold = [number(x) for x in row[5].split(" / ")]
-        assert len(per_fold) == 2 and number(row[4]) == pytest.approx(sum(per_fold) / 2, abs=0.01)
+        per_fold = [number(x) for x in row[6].split(" / ")]
+        assert len(per_fold) == 2 and number(row[5]) == pytest.approx(sum(per_fold) / 2, abs=0.01)
     assert sum(r[7] == "yes" for r in rows) == 1
+    # A wide candidate leaves a fold's wide families out of training; an ID one has none to leave.
+    work = sorted(p.name for p in (tmp_path / "work").iterdir() if p.is_dir())
+    assert "t2-wide-mlp_wine+gcn_blocks" in work and "t2-mlp_wine" in work and "t2-cnn_digits" in work
+    # A predictor trained on the wide bank is keyed by its content too (a rebuilt wide bank refuses a resume).
+    inputs = json.loads((tmp_path / "work" / "t2-wide-mlp_wine+gcn_blocks" / "inputs.json").read_text())
+    assert inputs["wide_bank_digest"] and "wide_bank_digest" not in json.loads(
+        (tmp_path / "work" / "t2-mlp_wine" / "inputs.json").read_text())
+
+    # The same candidates (already trained) drive the teacher and LARA on the held-out families' episodes.
+    path = run("unseen_families_probe", smoke_bank, tmp_path, *grid, "--roots", "1", "--episodes-per-root", "1")
+    [table] = tables(path)
+    assert [r[0] for r in table] == ["t2", "t2-wide", "t2-mixture", "t2-mixture-wide"]
+    mae_by_name = {r[0]: number(r[5]) for r in rows}
+    for name, teacher, lara, mae, on_id, weighted in table:
+        assert 0 <= percent(teacher.split()[0]) and 0 <= percent(lara.split()[0]) and 0 <= percent(on_id)
+        assert number(mae.split()[0]) == pytest.approx(mae_by_name[name], abs=0.01)
+        assert number(weighted) == pytest.approx((number(on_id) + 2 * number(teacher.split()[0])) / 3, abs=0.01)
 
 
 def test_worlds_probe(smoke_bank, fm_dir, tmp_path):

@@ -17,12 +17,22 @@ step past that edge (the first grid, default and small networks × 25, 50 and
 OOD set is read here: the winner is scored once with `mara eval-predictor`
 after it is retrained on every ID family.
 
-With `--folds` several pairs of families are held out in turn (each
+With `--folds` several groups of families are held out in turn (each
 candidate trained once per fold; the rule reads the mean held-out MAE over
 the folds), and `--priors` adds the synthetic curve prior
 (`PredictorConfig.prior`: off, pretrain, mixture) as a dimension of the grid;
 among candidates within 2% of the best, no prior is preferred to one, and
-pre-training to the mixture (less training time).
+pre-training to the mixture (less training time). `--data id,wide` adds the
+training families as a dimension: the ID families only, or with the wide
+bank's eight (`PredictorConfig.wide_families`; among near-ties ID only, the
+smaller training set, is preferred). Folds may hold out wide families; a
+candidate trained without them is scored on the same held-out curves, so
+every candidate of a fold answers the same question: forecasts for families
+it never saw.
+
+The held-out MAE is computed here from each candidate's last checkpoint with
+the config's sampling settings, on the held-out families' train + val curves
+(the val MAE that training logs for the same curves, when they are its val set).
 
 Trains with the profile's [predictor] settings, logging to MLflow (each
 candidate's folder under --work resumes). Run from the project root:
@@ -38,18 +48,26 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import mlflow
+import pandas as pd
+import torch
 
 from experiments.probes.common import add_common_flags, save_table
 from mara_common.profile import Profile
-from mara_common.tracking import tracking_uri
+from mara_fm.bank import CurveSet, load_bank
+from mara_fm.build_bank import ensure_wide_bank
+from mara_fm.eval_predictor import make_queries, reference_curves, score
+from mara_fm.fm_data import FMDataModule, split_curves
+from mara_fm.fm_lightning import FMLightning
 from mara_fm.fm_model import FlowModel, PredictorConfig
+from mara_fm.predictors import FMPredictor
 from mara_fm.train_predictor import train_predictor
+from mara_fm.wide_families import WIDE_FAMILIES
 
 # Held out: the two ID families whose cumulative averages rise most often
 # (docs/decisions.md), the property that sets the DQN TD losses apart from every ID family.
 HELDOUT = ("mlp_diabetes", "logreg_cancer")
 PRIOR_COST = {"off": 0, "pretrain": 1, "mixture": 2}
+DATA = {"id": False, "wide": True}  # --data value -> PredictorConfig.wide_families
 NETWORKS = {"default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
             "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
             "tiny": {"gru_hidden": 8, "context_dim": 12, "width": 16}}
@@ -57,12 +75,13 @@ EPOCHS = (12, 25, 50, 100)
 TOLERANCE = 0.02
 
 
-def candidates(networks: list[str], epochs: list[int], priors: list[str]) -> dict[str, dict[str, Any]]:
-    """Every network × training length × prior, named like `s25` (small, 25 epochs, no prior)
-    or `s25-mixture`."""
-    return {f"{size[0]}{n}" + ("" if prior == "off" else f"-{prior}"): {**NETWORKS[size], "max_epochs": n,
-                                                                       "prior": prior}
-            for size in networks for n in epochs for prior in priors}
+def candidates(networks: list[str], epochs: list[int], priors: list[str],
+               data: tuple[str, ...] = ("id",)) -> dict[str, dict[str, Any]]:
+    """Every network × training length × prior × training families, named like `s25` (small,
+    25 epochs, no prior, ID families), `s25-mixture` or `s25-mixture-wide`."""
+    return {f"{size[0]}{n}" + ("" if prior == "off" else f"-{prior}") + ("-wide" if DATA[d] else ""):
+            {**NETWORKS[size], "max_epochs": n, "prior": prior, "wide_families": DATA[d]}
+            for size in networks for n in epochs for prior in priors for d in data}
 
 
 def parameters(profile: Profile, overrides: dict[str, Any]) -> int:
@@ -73,52 +92,104 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The rule of the module docstring."""
     best = min(r["mae"] for r in rows)
     return min((r for r in rows if r["mae"] <= best * (1 + TOLERANCE)),
-               key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]]))
+               key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]], r["wide"]))
 
 
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+def last_checkpoint(bank: Path, wide_bank: Path, folder: Path, cfg: PredictorConfig) -> FMPredictor:
+    """The predictor of the last epoch trained in `folder` (not the export, whose checkpoint and
+    sampling were chosen on its own val curves: the held-out ones, for a wide candidate)."""
+    data = FMDataModule(cfg, bank, wide_bank_path=wide_bank)
+    data.setup()
+    module = FMLightning(cfg, data.stats)
+    state = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    module.load_state_dict(state)
+    return FMPredictor(module.model.eval(), cfg, data.stats)
+
+
+def heldout_curves(bank: Path, wide_bank: Path, fold: tuple[str, ...]) -> CurveSet:
+    """The `fold` families' train + val curves (their test curves stay unread)."""
+    return split_curves(pd.concat([load_bank(bank), load_bank(wide_bank)], ignore_index=True), fold)[1]
+
+
+def heldout_mae(predictor: FMPredictor, curves: CurveSet) -> float:
+    """Capped MAE on `curves` by the project's query protocol (eval_predictor.py)."""
+    queries = make_queries(curves, reference_curves(curves, None))
+    return score(predictor.remaining_batches(queries.hist, queries.eps, queries.horizon), queries)["capped_mae"]
+
+
+def fold_run(work: Path, name: str, overrides: dict[str, Any], fold: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
+    """(training folder, families held out of its training) of candidate `name` in `fold`: the
+    fold's families that this candidate would otherwise train on."""
+    held = tuple(f for f in fold if overrides["wide_families"] or f not in WIDE_FAMILIES)
+    return work / (name if not held else f"{name}-{'+'.join(held)}"), held
+
+
+def add_grid_flags(parser: argparse.ArgumentParser) -> None:
+    """The candidate grid and the folds: the same flags here and in unseen_families_probe.py."""
     parser.add_argument("--work", type=Path, required=True, help="one training folder per candidate (resumed)")
     parser.add_argument("--networks", default=",".join(NETWORKS),
                         help=f"network sizes tried, comma-separated (of {', '.join(NETWORKS)})")
     parser.add_argument("--epochs", default=",".join(map(str, EPOCHS)),
                         help="training lengths tried, comma-separated")
     parser.add_argument("--priors", default="off", help="curve-prior modes tried: off, pretrain, mixture")
+    parser.add_argument("--data", default="id", help="training families tried: id, wide (ID + the wide bank's)")
     parser.add_argument("--folds", default="+".join(HELDOUT),
-                        help="held-out family pairs, each FAMILY+FAMILY, comma-separated (one fold each)")
-    args = parser.parse_args(argv)
+                        help="held-out family groups, each FAMILY+FAMILY..., comma-separated (one fold each)")
 
-    networks = [x.strip() for x in args.networks.split(",") if x.strip()]
-    unknown = sorted(set(networks) - set(NETWORKS))
-    if unknown or not networks:
-        parser.error(f"--networks: unknown {unknown}; known: {list(NETWORKS)}")
-    priors = [x.strip() for x in args.priors.split(",") if x.strip()]
+
+def parse_grid(parser: argparse.ArgumentParser, args: argparse.Namespace
+               ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, ...]]]:
+    """(candidates by name, folds) from the flags of `add_grid_flags`."""
+    def items(value: str) -> list[str]:
+        return [x.strip() for x in value.split(",") if x.strip()]
+
+    networks, priors, data = items(args.networks), items(args.priors), items(args.data)
+    if not networks or set(networks) - set(NETWORKS):
+        parser.error(f"--networks: choose from {list(NETWORKS)}")
     if not priors or set(priors) - set(PRIOR_COST):
         parser.error(f"--priors: choose from {list(PRIOR_COST)}")
-    folds = [tuple(f.split("+")) for f in args.folds.split(",") if f.strip()]
+    if not data or set(data) - set(DATA):
+        parser.error(f"--data: choose from {list(DATA)}")
+    grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data))
+    return grid, [tuple(f.split("+")) for f in items(args.folds)]
+
+
+def fold_predictor(profile: Profile, bank: Path, wide_bank: Path, work: Path, name: str,
+                   overrides: dict[str, Any], fold: tuple[str, ...]) -> FMPredictor:
+    """Candidate `name` trained without the fold's families (resumed if trained), as its last checkpoint."""
+    folder, held = fold_run(work, name, overrides, fold)
+    train_predictor(profile, bank, folder, verbose=False, heldout_families=held, **overrides)
+    cfg = profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
+    return last_checkpoint(bank, wide_bank, folder, cfg)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_flags(parser)
+    add_grid_flags(parser)
+    args = parser.parse_args(argv)
+    grid, folds = parse_grid(parser, args)
     profile = Profile.load(args.profile)
+    bank = args.bank or profile.paths.bank
+    wide_bank = ensure_wide_bank(profile)
     rows = []
-    client = mlflow.MlflowClient(tracking_uri())
-    for name, overrides in candidates(networks, [int(n) for n in args.epochs.split(",")], priors).items():
-        last, best = [], []
+    for name, overrides in grid.items():
+        maes = []
         for fold in folds:
-            folder = args.work / (name if len(folds) == 1 else f"{name}-{'+'.join(fold)}")
-            result = train_predictor(profile, args.bank, folder, verbose=False, heldout_families=fold, **overrides)
-            history = client.get_metric_history(result.run_id, "val_mae")
-            last.append(max(history, key=lambda m: m.step).value)
-            best.append(min(m.value for m in history))
+            predictor = fold_predictor(profile, bank, wide_bank, args.work, name, overrides, fold)
+            maes.append(heldout_mae(predictor, heldout_curves(bank, wide_bank, fold)))
+            print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
-                     "mae": sum(last) / len(last), "folds": last, "params": parameters(profile, overrides),
-                     "best_epoch_mae": sum(best) / len(best)})
+                     "wide": overrides["wide_families"], "mae": sum(maes) / len(maes), "folds": maes,
+                     "params": parameters(profile, overrides)})
     choice = choose(rows)
-    lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in folds)}. Capped MAE on the held-out "
-             "families' train + val curves, the mean over folds.", "",
-             "| candidate | parameters | epochs | prior | held-out MAE, last epoch | per fold | best epoch | chosen |",
+    lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in folds)}. Capped MAE of the last checkpoint on "
+             "the held-out families' train + val curves, the mean over folds.", "",
+             "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | chosen |",
              "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['name']} | {r['params']:,} | {r['epochs']} | {r['prior']} | {r['mae']:.2f} | "
-              f"{' / '.join(f'{x:.2f}' for x in r['folds'])} | {r['best_epoch_mae']:.2f} | "
-              f"{'yes' if r is choice else ''} |" for r in rows]
+    lines += [f"| {r['name']} | {r['params']:,} | {r['epochs']} | {r['prior']} | {'yes' if r['wide'] else 'no'} | "
+              f"{r['mae']:.2f} | {' / '.join(f'{x:.2f}' for x in r['folds'])} | {'yes' if r is choice else ''} |"
+              for r in rows]
     print("\n".join(lines))
     return save_table(lines, args.out, "select_predictor.md")
 

@@ -1,0 +1,114 @@
+"""Probe: what a predictor's forecasts for families it never saw are worth to the scheduler.
+
+`select_predictor.py` ranks predictors by held-out capped MAE; this probe asks
+the scheduler's question on the same folds. For each fold it writes the held-out
+families' train + val curves as a bank of their own (task set `heldout`, split
+`val`), draws frozen episodes from it with the profile's workload, and replays
+the teacher (`lara_optimistic`) and LARA on them, their env fed by each
+candidate's predictor trained without those families (its last checkpoint, as
+`select_predictor.py` scores it). These are the scheduler's validation episodes
+for unseen job kinds: no test or OOD curve is read. Beside them, each candidate
+trained on every family it may use (exported as `train-predictor` would export
+it) drives the teacher on the frozen ID val episodes.
+
+The table's `weighted` column is the teacher's success weighted as the test
+mean weighs the task sets: one third on the ID families (ID val), two thirds
+on families the predictor never saw (the folds' mean).
+
+It takes `select_predictor.py`'s grid and fold flags and reuses its --work folder
+(candidates it has not trained are trained first). Run from the project root:
+
+    python -m experiments.probes.unseen_families_probe --work /tmp/wsel --networks small \\
+        --epochs 25 --priors off,mixture --data id,wide --folds gcn_blocks+tfm_charlm,...
+
+Writes experiments/probes/results/unseen_families_probe.md, or into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.probes.common import add_common_flags, save_table, success
+from experiments.probes.select_predictor import (
+    add_grid_flags,
+    fold_predictor,
+    heldout_curves,
+    heldout_mae,
+    parse_grid,
+)
+from mara_common.profile import Profile
+from mara_common.threads import torch_threads
+from mara_env.env import EnvConfig
+from mara_fm.bank import load_bank, save_bank
+from mara_fm.build_bank import ensure_wide_bank
+from mara_fm.predictors import make_predictor
+from mara_fm.train_predictor import train_predictor
+from mara_rl.evaluate import pooled_episodes
+
+PLANNERS = {"teacher": "lara_optimistic", "LARA": "lara"}
+
+
+def heldout_bank(bank: Path, wide_bank: Path, fold: tuple[str, ...], out: Path) -> Path:
+    """The fold's train + val curves as a bank of task set `heldout`, split `val`."""
+    curves = heldout_curves(bank, wide_bank, fold)
+    frames = [load_bank(bank), load_bank(wide_bank)]
+    rows = [f[f["curve_id"].isin(set(curves.ids))] for f in frames]
+    frame = pd.concat(rows, ignore_index=True).assign(task_set="heldout", split="val")
+    return save_bank(frame.sort_values("curve_id", ignore_index=True), out)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_flags(parser)
+    parser.add_argument("--roots", type=int, default=5)
+    parser.add_argument("--episodes-per-root", type=int, default=8)
+    add_grid_flags(parser)
+    args = parser.parse_args(argv)
+    grid, folds = parse_grid(parser, args)
+    profile = Profile.load(args.profile)
+    bank = args.bank or profile.paths.bank
+    wide_bank = ensure_wide_bank(profile)
+    base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
+    id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
+    id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
+    on_id: dict[str, float] = {}
+    for name, overrides in grid.items():
+        result = train_predictor(profile, bank, args.work / name, verbose=False, **overrides)
+        with torch_threads(1):
+            on_id[name] = success(id_val, id_episodes, make_predictor(f"fm:{result.predictor_path}"))
+        print(f"[unseen] {name} on ID val: teacher {on_id[name]:.2f}", flush=True)
+    table: dict[str, list[dict[str, float]]] = {n: [] for n in grid}
+    for fold in folds:
+        path = heldout_bank(bank, wide_bank, fold, args.work / f"heldout-{'+'.join(fold)}.parquet")
+        cfg = dataclasses.replace(base, bank=str(path))
+        episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
+        curves = heldout_curves(bank, wide_bank, fold)
+        for name, overrides in grid.items():
+            predictor = fold_predictor(profile, bank, wide_bank, args.work, name, overrides, fold)
+            with torch_threads(1):
+                row = {label: success(cfg, episodes, predictor, planner) for label, planner in PLANNERS.items()}
+            row["mae"] = heldout_mae(predictor, curves)
+            table[name].append(row)
+            print(f"[unseen] {'+'.join(fold)} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
+                  flush=True)
+    lines = [f"Folds: {'; '.join(', '.join(f) for f in folds)}. Each fold: {args.roots} x {args.episodes_per_root} "
+             "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
+             "without those families (last checkpoint). Success %, mean over folds (per fold in brackets). "
+             "`ID val`: the teacher on the ID val episodes with the candidate trained on all its families.", "",
+             "| candidate | teacher, unseen | LARA, unseen | held-out MAE | teacher, ID val | weighted |",
+             "|---|---|---|---|---|---|"]
+    for name, rows in table.items():
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("teacher", "LARA", "mae")}
+        cells = [f"{mean[k]:.2f} ({' / '.join(f'{r[k]:.1f}' for r in rows)})" for k in ("teacher", "LARA", "mae")]
+        weighted = (on_id[name] + 2 * mean["teacher"]) / 3
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {on_id[name]:.2f} | {weighted:.2f} |")
+    print("\n".join(lines))
+    return save_table(lines, args.out, "unseen_families_probe.md")
+
+
+if __name__ == "__main__":
+    main()
