@@ -45,6 +45,7 @@ Writes experiments/probes/results/select_predictor.md, or into --out.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,9 +138,23 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
                         help="held-out family groups, each FAMILY+FAMILY..., comma-separated (one fold each)")
 
 
-def parse_grid(parser: argparse.ArgumentParser, args: argparse.Namespace
-               ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, ...]]]:
-    """(candidates by name, folds) from the flags of `add_grid_flags`."""
+@dataclass(frozen=True)
+class Selection:
+    """What a selection run reads: the profile, both banks, the candidates by name and the folds."""
+
+    profile: Profile
+    bank: Path
+    wide_bank: Path
+    grid: dict[str, dict[str, Any]]
+    folds: list[tuple[str, ...]]
+
+
+def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
+                    ) -> tuple[argparse.Namespace, Selection]:
+    """Parse the command line (with `add_common_flags` and `add_grid_flags` among the parser's
+    flags) into the arguments and the `Selection` they name; the wide bank is built if missing."""
+    args = parser.parse_args(argv)
+
     def items(value: str) -> list[str]:
         return [x.strip() for x in value.split(",") if x.strip()]
 
@@ -151,39 +166,37 @@ def parse_grid(parser: argparse.ArgumentParser, args: argparse.Namespace
     if not data or set(data) - set(DATA):
         parser.error(f"--data: choose from {list(DATA)}")
     grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data))
-    return grid, [tuple(f.split("+")) for f in items(args.folds)]
+    profile = Profile.load(args.profile)
+    return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
+                           [tuple(f.split("+")) for f in items(args.folds)])
 
 
-def fold_predictor(profile: Profile, bank: Path, wide_bank: Path, work: Path, name: str,
-                   overrides: dict[str, Any], fold: tuple[str, ...]) -> FMPredictor:
+def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...]) -> FMPredictor:
     """Candidate `name` trained without the fold's families (resumed if trained), as its last checkpoint."""
+    overrides = sel.grid[name]
     folder, held = fold_run(work, name, overrides, fold)
-    train_predictor(profile, bank, folder, verbose=False, heldout_families=held, **overrides)
-    cfg = profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
-    return last_checkpoint(bank, wide_bank, folder, cfg)
+    train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held, **overrides)
+    cfg = sel.profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
+    return last_checkpoint(sel.bank, sel.wide_bank, folder, cfg)
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
     add_grid_flags(parser)
-    args = parser.parse_args(argv)
-    grid, folds = parse_grid(parser, args)
-    profile = Profile.load(args.profile)
-    bank = args.bank or profile.paths.bank
-    wide_bank = ensure_wide_bank(profile)
+    args, sel = parse_selection(parser, argv)
     rows = []
-    for name, overrides in grid.items():
+    for name, overrides in sel.grid.items():
         maes = []
-        for fold in folds:
-            predictor = fold_predictor(profile, bank, wide_bank, args.work, name, overrides, fold)
-            maes.append(heldout_mae(predictor, heldout_curves(bank, wide_bank, fold)))
+        for fold in sel.folds:
+            predictor = fold_predictor(sel, args.work, name, fold)
+            maes.append(heldout_mae(predictor, heldout_curves(sel.bank, sel.wide_bank, fold)))
             print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "mae": sum(maes) / len(maes), "folds": maes,
-                     "params": parameters(profile, overrides)})
+                     "params": parameters(sel.profile, overrides)})
     choice = choose(rows)
-    lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in folds)}. Capped MAE of the last checkpoint on "
+    lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "
              "the held-out families' train + val curves, the mean over folds.", "",
              "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | chosen |",
              "|---|---|---|---|---|---|---|---|"]

@@ -38,13 +38,11 @@ from experiments.probes.select_predictor import (
     fold_predictor,
     heldout_curves,
     heldout_mae,
-    parse_grid,
+    parse_selection,
 )
-from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
 from mara_fm.bank import load_bank, save_bank
-from mara_fm.build_bank import ensure_wide_bank
 from mara_fm.predictors import make_predictor
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import pooled_episodes
@@ -67,11 +65,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
     add_grid_flags(parser)
-    args = parser.parse_args(argv)
-    grid, folds = parse_grid(parser, args)
-    profile = Profile.load(args.profile)
-    bank = args.bank or profile.paths.bank
-    wide_bank = ensure_wide_bank(profile)
+    args, sel = parse_selection(parser, argv)
+    profile, bank, wide_bank, grid, folds = sel.profile, sel.bank, sel.wide_bank, sel.grid, sel.folds
     base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
     id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
@@ -87,8 +82,8 @@ def main(argv: list[str] | None = None) -> Path:
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
         curves = heldout_curves(bank, wide_bank, fold)
-        for name, overrides in grid.items():
-            predictor = fold_predictor(profile, bank, wide_bank, args.work, name, overrides, fold)
+        for name in grid:
+            predictor = fold_predictor(sel, args.work, name, fold)
             with torch_threads(1):
                 row = {label: success(cfg, episodes, predictor, planner) for label, planner in PLANNERS.items()}
             row["mae"] = heldout_mae(predictor, curves)
