@@ -29,6 +29,7 @@ from mara_fm.wide_families import WIDE_FAMILIES
 # The task sets whose families train a predictor: split by curve like the ID set.
 TRAINING_TASK_SETS = ("id", "wide")
 SLOWEST = ("gru_charlm", "vit_digits", "lstm_adding", "tfm_charlm", "gcn_blocks")  # built first
+EVERY_FAMILY = {**FAMILIES, **WIDE_FAMILIES}  # of both banks, by name
 
 CHUNK = 10
 SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
@@ -83,7 +84,7 @@ def _run_chunk(args: tuple[list[tuple[str, int, str]], BankConfig, str]) -> tupl
     chunk, cfg, out = args
     rows = []
     for family, index, split in chunk:
-        row = {**FAMILIES, **WIDE_FAMILIES}[family].run(curve_seed(cfg.seed, family, index), cfg.cap)
+        row = EVERY_FAMILY[family].run(curve_seed(cfg.seed, family, index), cfg.cap)
         row.update(curve_id=f"{family}-{index:05d}", split=split)
         rows.append(row)
     save_bank(pd.DataFrame(rows), out)

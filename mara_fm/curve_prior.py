@@ -1,13 +1,13 @@
-"""A synthetic prior over loss-curve shapes, for FM to learn from beside the real ID curves.
+"""A synthetic prior over loss-curve shapes, for FM to learn from beside the real curves.
 
-Eight real families teach FM eight shapes; the curves of an unseen job kind
+A handful of real families teach FM a handful of shapes; the curves of an unseen job kind
 (RL, a ViT) bend in other ways. LC-PFN and FT-PFN answer with a prior over
 curve shapes; this module takes the idea at FM's scale: a seeded generator of
 per-batch loss curves whose cumulative averages FM trains on
 (`PredictorConfig.prior`: pre-training, then the real curves; or a mixture).
 
-Scales come from the ID **train** curves only (never validation, test or the
-OOD sets): each synthetic curve borrows a random train curve's batch size,
+Scales come from the real **train** curves FM trains on only (ID, and the wide
+bank's with `PredictorConfig.wide_families`; never validation, test or the OOD sets): each synthetic curve borrows a random train curve's batch size,
 learning rate, first loss and final-to-first loss ratio (each jittered by
 exp(N(0, 0.3²))). Its shape is drawn, independently per curve:
 
@@ -83,7 +83,7 @@ def prior_curve(rng: np.random.Generator, cap: int, first: float, ratio: float) 
 
 
 def sample_prior(reference: CurveSet, count: int, seed: int) -> CurveSet:
-    """`count` synthetic curves scaled like `reference` (the ID train curves), from `seed`."""
+    """`count` synthetic curves scaled like `reference` (the real train curves), from `seed`."""
     if count < 1:
         raise ValueError(f"a curve prior needs count >= 1, got {count}")
     rng = np.random.default_rng([seed, 7])

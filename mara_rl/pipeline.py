@@ -30,6 +30,7 @@ from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import BankConfig, ensure_bank
 from mara_fm.eval_predictor import run_eval
+from mara_fm.fm_model import PredictorConfig
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import EvalConfig, evaluate, frozen_episodes
 from mara_rl.methods import BUILTIN, VARIANTS, Variant, builtin_methods, learned, parse_policies
@@ -209,10 +210,13 @@ def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: boo
     """Every stage of `profile` in order, skipping those already done."""
     paths = profile.paths
     cfg = cfg or pipeline_config(profile)
+    # The predictor trains on the wide bank too when the profile says so (built on first use).
+    banks = (paths.bank, paths.wide_bank) if profile.section(PredictorConfig, "predictor").wide_families \
+        else (paths.bank,)
     stages = [
         Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
         Stage("predictor", paths.predictor / "config.json",
-              lambda: train_predictor(profile, paths.bank, paths.predictor_run), (paths.bank,)),
+              lambda: train_predictor(profile, paths.bank, paths.predictor_run), banks),
         Stage("predictor evaluation", paths.predictor_eval,
               lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report),
               (paths.bank, paths.predictor / "config.json")),

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from mara_fm.bank import BankError, load_bank, save_bank, select
-from mara_fm.build_bank import BankConfig, build_bank, plan
+from mara_fm.build_bank import EVERY_FAMILY, BankConfig, build_bank, plan
 from mara_fm.families import FAMILIES
 from mara_fm.wide_families import WIDE_FAMILIES
 
@@ -97,5 +97,5 @@ def test_wide_families_are_split_like_id_families_and_built_into_their_own_bank(
     assert not {f for f, _, _ in plan(cfg)} & set(WIDE_FAMILIES)  # the main bank stays as it was
     frame = load_bank(smoke_wide_bank)
     assert set(frame["family"]) == set(WIDE_FAMILIES) and set(frame["task_set"]) == {"wide"}
-    training = [f for f in {**FAMILIES, **WIDE_FAMILIES}.values() if f.task_set in ("id", "wide")]
+    training = [f for f in EVERY_FAMILY.values() if f.task_set in ("id", "wide")]
     assert len(training) >= 16

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from mara_fm.build_bank import EVERY_FAMILY
 from mara_fm.families import FAMILIES
 from mara_fm.jobs import TrainingJob, lr_schedule
-from mara_fm.wide_families import WIDE_FAMILIES
-
-EVERY_FAMILY = {**FAMILIES, **WIDE_FAMILIES}
 
 
 def _roundtrip(job: TrainingJob) -> dict:
