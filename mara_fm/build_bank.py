@@ -39,7 +39,7 @@ SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
 class BankConfig:
     """Profile section `[bank]`."""
 
-    curves_per_id_family: int = setting(150, ge=1, help="training runs per ID family (split 70/15/15)")
+    curves_per_id_family: int = setting(150, ge=1, help="training runs per ID family ([wide_bank]: per wide family), split 70/15/15")
     curves_per_ood_set: int = setting(100, ge=1, help="runs per OOD set, spread over its families")
     cap: int = setting(300, ge=2 * WARMUP_POINTS, help="batches recorded per run")
     seed: int = setting(0, help="root seed of every run's seed")

@@ -22,6 +22,7 @@ from mara_fm.eval_predictor import QueryConfig, bank_query_sets
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.fm import CONFIG_FILE, WEIGHTS_FILE, ArtifactError
 from mara_fm.train_predictor import train_predictor
+from mara_fm.wide_families import WIDE_FAMILIES
 from mara_rl.cli import build_parser, main
 from mara_rl.live_commands import planned_live
 
@@ -87,6 +88,20 @@ def test_profile_errors_via_evaluate(tmp_path, smoke_bank, capsys, edit, words):
     for word in words:
         assert word in line
     assert_nothing_evaluated(tmp_path)
+
+
+def test_curves_wide_builds_the_wide_bank_from_its_own_section(tmp_path, capsys):
+    text = SMOKE_TOML.replace("curves_per_id_family = 4\ncap = 300", "curves_per_id_family = 1\ncap = 16")
+    assert text != SMOKE_TOML
+    out = tmp_path / "wide.parquet"
+    main(["curves", "--wide", "--profile", str(write_profile(tmp_path, text, "wide")), "--out", str(out),
+          "--workers", "1"])
+    frame = load_bank(out)
+    assert sorted(frame["family"]) == sorted(WIDE_FAMILIES) and set(frame["task_set"]) == {"wide"}
+    assert {len(x) for x in frame["losses"]} == {16}
+    broken = write_profile(tmp_path, text.replace("cap = 16", "cap = 1"), "broken")
+    line = fail(["curves", "--wide", "--profile", str(broken), "--out", str(tmp_path / "b.parquet")], capsys)
+    assert "cap" in line and str(broken) in line
 
 
 @pytest.mark.parametrize("value", [0, -3])
