@@ -147,9 +147,18 @@ def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True,
     return path if path.exists() else build_bank(cfg, path, progress, families=families)
 
 
+def bank_spec(profile: Profile, wide: bool = False, **overrides: object) -> tuple[BankConfig, Path, dict[str, Family]]:
+    """(config, default path, families) of the profile's main bank, or of its wide bank
+    (`[wide_bank]`, mara_fm/wide_families.py); `overrides` replace section keys."""
+    if wide:
+        return profile.section(BankConfig, "wide_bank", **overrides), profile.paths.wide_bank, WIDE_FAMILIES
+    return profile.section(BankConfig, "bank", **overrides), profile.paths.bank, FAMILIES
+
+
 def ensure_wide_bank(profile: Profile, progress: bool = True) -> Path:
-    """The profile's wide bank (`[wide_bank]`, mara_fm/wide_families.py), built first if missing."""
-    return ensure_bank(profile.section(BankConfig, "wide_bank"), profile.paths.wide_bank, progress, WIDE_FAMILIES)
+    """The profile's wide bank, built first if missing."""
+    cfg, path, families = bank_spec(profile, wide=True)
+    return ensure_bank(cfg, path, progress, families)
 
 
 def profile_bank(profile: Profile, path: str | Path | None = None, build: bool = True) -> Path:

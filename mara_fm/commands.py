@@ -10,17 +10,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mara_fm.build_bank import BankConfig, build_bank, profile_bank
+from mara_fm.build_bank import bank_spec, build_bank, profile_bank
 from mara_fm.eval_predictor import EVAL_FILE, markdown_table, run_eval
-from mara_fm.families import FAMILIES
 from mara_fm.train_predictor import train_predictor
-from mara_fm.wide_families import WIDE_FAMILIES
 
 
 def cmd_curves(args: argparse.Namespace) -> None:
-    section, default, families = (("wide_bank", args.profile.paths.wide_bank, WIDE_FAMILIES) if args.wide
-                                  else ("bank", args.profile.paths.bank, FAMILIES))
-    cfg = args.profile.section(BankConfig, section, workers=args.workers)
+    cfg, default, families = bank_spec(args.profile, args.wide, workers=args.workers)
     path = build_bank(cfg, Path(args.out) if args.out else default, progress=True, fresh=args.fresh,
                       families=families)
     print(f"bank written: {path}")

@@ -45,6 +45,7 @@ Writes experiments/probes/results/select_predictor.md, or into --out.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,9 +108,9 @@ def last_checkpoint(bank: Path, wide_bank: Path, folder: Path, cfg: PredictorCon
     return FMPredictor(module.model.eval(), cfg, data.stats)
 
 
-def heldout_curves(bank: Path, wide_bank: Path, fold: tuple[str, ...]) -> CurveSet:
-    """The `fold` families' train + val curves (their test curves stay unread)."""
-    return split_curves(pd.concat([load_bank(bank), load_bank(wide_bank)], ignore_index=True), fold)[1]
+def heldout_curves(frame: pd.DataFrame, fold: tuple[str, ...]) -> CurveSet:
+    """The `fold` families' train + val curves of `frame` (their test curves stay unread)."""
+    return split_curves(frame, fold)[1]
 
 
 def heldout_mae(predictor: FMPredictor, curves: CurveSet) -> float:
@@ -147,6 +148,11 @@ class Selection:
     wide_bank: Path
     grid: dict[str, dict[str, Any]]
     folds: list[tuple[str, ...]]
+
+    @functools.cached_property
+    def frame(self) -> pd.DataFrame:
+        """Both banks' curves, loaded once."""
+        return pd.concat([load_bank(self.bank), load_bank(self.wide_bank)], ignore_index=True)
 
 
 def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> Path:
         maes = []
         for fold in sel.folds:
             predictor = fold_predictor(sel, args.work, name, fold)
-            maes.append(heldout_mae(predictor, heldout_curves(sel.bank, sel.wide_bank, fold)))
+            maes.append(heldout_mae(predictor, heldout_curves(sel.frame, fold)))
             print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "mae": sum(maes) / len(maes), "folds": maes,

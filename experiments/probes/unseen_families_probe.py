@@ -42,7 +42,7 @@ from experiments.probes.select_predictor import (
 )
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
-from mara_fm.bank import load_bank, save_bank
+from mara_fm.bank import CurveSet, save_bank
 from mara_fm.predictors import make_predictor
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import pooled_episodes
@@ -50,13 +50,10 @@ from mara_rl.evaluate import pooled_episodes
 PLANNERS = {"teacher": "lara_optimistic", "LARA": "lara"}
 
 
-def heldout_bank(bank: Path, wide_bank: Path, fold: tuple[str, ...], out: Path) -> Path:
-    """The fold's train + val curves as a bank of task set `heldout`, split `val`."""
-    curves = heldout_curves(bank, wide_bank, fold)
-    frames = [load_bank(bank), load_bank(wide_bank)]
-    rows = [f[f["curve_id"].isin(set(curves.ids))] for f in frames]
-    frame = pd.concat(rows, ignore_index=True).assign(task_set="heldout", split="val")
-    return save_bank(frame.sort_values("curve_id", ignore_index=True), out)
+def heldout_bank(frame: pd.DataFrame, curves: CurveSet, out: Path) -> Path:
+    """`curves` (a fold's train + val curves, rows of `frame`) as a bank of task set `heldout`, split `val`."""
+    rows = frame[frame["curve_id"].isin(set(curves.ids))].assign(task_set="heldout", split="val")
+    return save_bank(rows.sort_values("curve_id", ignore_index=True), out)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -66,7 +63,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--episodes-per-root", type=int, default=8)
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
-    profile, bank, wide_bank, grid, folds = sel.profile, sel.bank, sel.wide_bank, sel.grid, sel.folds
+    profile, bank, grid, folds = sel.profile, sel.bank, sel.grid, sel.folds
     base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
     id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
@@ -78,10 +75,10 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"[unseen] {name} on ID val: teacher {on_id[name]:.2f}", flush=True)
     table: dict[str, list[dict[str, float]]] = {n: [] for n in grid}
     for fold in folds:
-        path = heldout_bank(bank, wide_bank, fold, args.work / f"heldout-{'+'.join(fold)}.parquet")
+        curves = heldout_curves(sel.frame, fold)
+        path = heldout_bank(sel.frame, curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
-        curves = heldout_curves(bank, wide_bank, fold)
         for name in grid:
             predictor = fold_predictor(sel, args.work, name, fold)
             with torch_threads(1):
