@@ -9,6 +9,7 @@ observation an agent sees is always taken just after arrivals (docs/design.md §
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections import deque
 from collections.abc import Callable
@@ -38,10 +39,12 @@ from mara_fm.predictors import WARMUP_POINTS, Predictor, make_predictor
 DEFAULT_BANK = ProjectPaths("default").bank
 
 PENDING, ACTIVE, WAITING, SUCCEEDED, EXPIRED, REJECTED = range(6)
+# The step-info counts a held decision sums over its steps (the others are the last step's).
+HELD_COUNTS = ("successes", "expirations", "rejections")
 BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-up fraction
-# The EnvConfig options that add slot features and change what allocators read: a policy runs
+# The EnvConfig options that add slot features or change when allocators decide: a policy runs
 # in an env with the values it was trained with, and each evaluated method names its own.
-VIEW_OPTIONS = ("optimistic_quantile", "probe_points")
+VIEW_OPTIONS = ("optimistic_quantile", "probe_points", "decision_interval")
 # With `EnvConfig.cluster` enabled: per slot, the restore cost r_k and the restore steps left
 # (each / restore_hi) and the speed of the node that served it at the last step (/ the fastest;
 # 0: none), so every node can see which tasks another node holds; per node, its speed / the
@@ -83,6 +86,13 @@ class EnvConfig:
     # None: no such feature, and those allocators judge after the warm-up.
     probe_points: int | None = setting(None, ge=WARMUP_POINTS,
                                        help="observations before a task's forecast counts (>= the warm-up)")
+    # An addition to the paper: decisions at events (docs/design.md §3, Step order). A joint action
+    # is held for up to this many steps, and the scheduler decides again as soon as the
+    # population or a task's standing changes: an arrival, a success, an expiry, a served task
+    # reaching its warm-up or probe point. One env step is then one decision. None: a
+    # decision every step, as in the paper.
+    decision_interval: int | None = setting(None, ge=1,
+                                            help="hold each joint action up to N steps, until an event")
     # Node speeds and restore costs (docs/design.md §10; `mara_env.cluster`). Off by default.
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -260,7 +270,15 @@ class MultiNodeEnv(gym.Env):
         self._record_decision_point()
         self.potential = 0.0
         self.stale = np.zeros(0, np.int64)
+        self.event = False
         return self.observation(), self._step_info(0, 0, rejected, 0)
+
+    def clone(self) -> MultiNodeEnv:
+        """An independent copy of this env as it stands mid-episode, to play a rollout from; it
+        shares what an episode never changes (config, curves, predictor, episode)."""
+        shared = (self.cfg, self.curves, self.predictor, self.reference, self.episode, self.np_random,
+                  self.observation_space, self.action_space, self.task_avg, self.task_log_avg)
+        return copy.deepcopy(self, {id(x): x for x in shared})
 
     def _arrivals(self) -> int:
         rejected = 0
@@ -291,18 +309,34 @@ class MultiNodeEnv(gym.Env):
         return self.observation(), reward, terminated, False, info
 
     def advance(self, action) -> tuple[float, bool, dict]:
-        """One step except the prediction refresh: (reward, terminated, info).
+        """One decision except the prediction refresh: (reward, terminated, info).
 
-        The tasks whose history grew are left in `prediction_query()`, so that a
-        vector env can answer the queries of all its envs in one predictor call.
+        A decision is one step, or with `decision_interval` the steps until the next event
+        (rewards and counts summed over them). The tasks whose history grew are left in
+        `prediction_query()`, so that a vector env can answer the queries of all its envs
+        in one predictor call.
         """
         if self.episode is None:
             raise RuntimeError("call reset() before step()")
-        served, nodes = self._served_tasks(np.asarray(action))
+        action = np.asarray(action)
+        reward, terminated, info = self._advance_step(action)
+        for _ in range(1, self.cfg.decision_interval or 1):
+            if terminated or self.event:
+                break
+            more, terminated, later = self._advance_step(action)
+            reward += more
+            info = {**later, **{k: info[k] + later[k] for k in HELD_COUNTS}}
+        return reward, terminated, info
+
+    def _advance_step(self, action: np.ndarray) -> tuple[float, bool, dict]:
+        """One step of the simulator; `self.event` says whether the scheduler should decide again."""
+        unanswered = self.stale  # tasks whose history grew since the predictor last answered
+        served, nodes = self._served_tasks(action)
         self.busy = len(served)
         self.node_task[:] = -1
         self.node_task[nodes] = served
         succeeded = np.zeros(0, np.int64)
+        self.event = False
         if self.cfg.cluster.enabled:
             served = self._serve_on_cluster(served, nodes)  # those that progress, with their batches
         else:
@@ -317,6 +351,10 @@ class MultiNodeEnv(gym.Env):
                 n = n + going
                 hit |= going & (self.task_avg[served, np.maximum(n - 1, 0)] <= self.eps[served])
             self.n_obs[served] = n
+            judged = (old < WARMUP_POINTS) & (n >= WARMUP_POINTS)
+            if self.cfg.probe_points is not None:
+                judged |= (old < self.cfg.probe_points) & (n >= self.cfg.probe_points)
+            self.event = bool(judged.any())
             ready = served[(old < WARMUP_POINTS) & (n >= WARMUP_POINTS)]
             self.ready_step[ready] = self.t + 1 - self.arrival[ready]
             latest = (served, np.maximum(n - 1, 0))
@@ -326,7 +364,12 @@ class MultiNodeEnv(gym.Env):
             self.status[succeeded] = SUCCEEDED
             served = served[n > old]  # a task at its curve's cap reveals nothing new
         expired = self._remove_finished()
-        self.stale = served[self.status[served] == ACTIVE]  # finished tasks need no prediction
+        # Finished tasks need no prediction; those still waiting for one from earlier steps of a
+        # held decision keep their place ahead of this step's.
+        self.stale = served[self.status[served] == ACTIVE]
+        if len(earlier := unanswered):
+            earlier = earlier[(self.status[earlier] == ACTIVE) & ~np.isin(earlier, served)]
+            self.stale = np.concatenate([earlier, self.stale])
 
         n_success = len(succeeded)
         self.stats["successes"] += n_success
@@ -345,8 +388,11 @@ class MultiNodeEnv(gym.Env):
                 "tasks left at the horizon: every deadline must be <= T"
             )
         else:
+            arrived = self.next_arrival
             rejected = self._arrivals()
+            self.event |= self.next_arrival > arrived
             self._record_decision_point()
+        self.event |= n_success > 0 or expired > 0
         info = self._step_info(n_success, expired, rejected, self.busy)
         if terminated:
             info.update(self.episode_summary())
@@ -447,7 +493,7 @@ class MultiNodeEnv(gym.Env):
     def store_predictions(self, remaining: np.ndarray) -> None:
         """Take the predictor's answers to `prediction_query()`: (n,), or (n, 2) with the
         optimistic estimate when the env shows it."""
-        tasks = self.stale
+        tasks, self.stale = self.stale, self.stale[:0]
         if remaining.ndim == 2:
             remaining, low = remaining[:, 0], remaining[:, 1]
             self.pred_low[tasks] = low

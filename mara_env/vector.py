@@ -103,7 +103,16 @@ def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: Batch
     """
     shared = replace(config, predictor=make_predictor(config.predictor))
     envs = [MultiNodeEnv(shared) for _ in episodes]
-    obs = [env.reset(options={"episode": ep})[0] for env, ep in zip(envs, episodes, strict=True)]
+    for env, episode in zip(envs, episodes, strict=True):
+        env.reset(options={"episode": episode})
+    return play_in_lockstep(envs, decide, on_step)
+
+
+def play_in_lockstep(envs: list[MultiNodeEnv], decide: BatchDecide,
+                     on_step: StepRecord | None = None) -> list[dict]:
+    """`replay_in_lockstep` from where each env stands (reset, or mid-episode); the shaped
+    return counts from there. The envs share one predictor."""
+    obs = [env.observation() for env in envs]
     returns = [0.0] * len(envs)
     results: list[dict | None] = [None] * len(envs)
     live = list(range(len(envs)))
@@ -117,7 +126,7 @@ def replay_in_lockstep(config: EnvConfig, episodes: list[Episode], decide: Batch
             returns[i] += reward
             if done:
                 results[i] = {**info, "shaped_return": returns[i], "succeeded": envs[i].status == SUCCEEDED}
-        answer_queries([envs[i] for i in live], shared.predictor)
+        answer_queries([envs[i] for i in live], envs[0].predictor)
         live = [i for i in live if results[i] is None]
         for i in live:
             obs[i] = envs[i].observation()

@@ -40,6 +40,9 @@ class LiveEnv(MultiNodeEnv):
         if config.cluster.enabled:
             raise ConfigError("live runs use the paper's nodes (cluster options off): node speeds and "
                               "restore costs are those of the real workers")
+        if (config.decision_interval or 1) > 1:
+            raise ConfigError("live runs decide every tick: a policy trained with decision_interval "
+                              f"{config.decision_interval} (decisions at events) cannot run live")
         super().__init__(config, curves)
         self.trainer = trainer
 

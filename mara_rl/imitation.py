@@ -93,13 +93,14 @@ def teacher_policy(teacher: str) -> BatchDecide:
     return classic(teacher)()
 
 
-def demonstrations(env_cfg: EnvConfig, teacher: str, episodes: int, seed: int,
+def demonstrations(env_cfg: EnvConfig, teacher: str | BatchDecide, episodes: int, seed: int,
                    driver: BatchDecide | None = None) -> Demonstrations:
-    """The teacher's (one of `TEACHERS`) joint actions on `episodes` episodes of `env_cfg`.
+    """The teacher's (one of `TEACHERS`, or a batch decision rule such as a
+    `mara_rl.rollout_labels.RolloutLabeller`) joint actions on `episodes` episodes of `env_cfg`.
 
     With a `driver` the episodes are played by the driver, and the teacher only labels
     the states the driver reaches (DAgger); returns-to-go are then the driver's."""
-    label = teacher_policy(teacher)
+    label = teacher_policy(teacher) if isinstance(teacher, str) else teacher
     labels: deque[np.ndarray] = deque()  # the teacher's actions, in the order the envs step
     steps: list[list[tuple[dict[str, np.ndarray], np.ndarray, float]]] = [[] for _ in range(episodes)]
 

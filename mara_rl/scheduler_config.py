@@ -34,6 +34,9 @@ class SchedulerConfig:
     seed: int = setting(0, ge=0, label="seed", help="training seed")
     burst_prob: float = setting(0.0, ge=0.0, le=1.0, label="burst",
                                 help="share of training episodes with an overload burst")
+    decision_interval: int | None = setting(None, ge=1, label="hold",
+                                            help="the policy decides at events, holding each joint action "
+                                            "up to N steps (EnvConfig.decision_interval; unset: every step)")
     # PPO (MAT reference: clip 0.05-0.2, entropy 0.01, GAE λ 0.95, 10-15 epochs).
     iterations: int = setting(150, ge=0, resumable=True, help="PPO iterations in total (a resume continues to it)")
     train_batch_size: int = setting(8000, ge=1, help="env steps per PPO iteration")
@@ -133,6 +136,7 @@ def default_out(profile: Profile, cfg: SchedulerConfig) -> Path:
 
 def training_env(cfg: SchedulerConfig, profile: Profile, bank: Path) -> EnvConfig:
     """The env a scheduler trains in: the profile's `[env]` on ID train, with this run's
-    predictor, β and burst share."""
+    predictor, β, burst share and decision interval (the rules of the evaluation keep `[env]`'s)."""
+    held = {"decision_interval": cfg.decision_interval} if cfg.decision_interval else {}
     return profile.section(EnvConfig, "env", bank=normal_path(bank), predictor=cfg.predictor_spec(),
-                           beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob)
+                           beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob, **held)

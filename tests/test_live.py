@@ -15,11 +15,13 @@ import pytest
 
 from mara_common.config import ConfigError
 from mara_common.threads import torch_threads
+from mara_env.cluster import ClusterConfig
 from mara_fm.bank import load_bank
 from mara_fm.families import FAMILIES
 from mara_live.check import family_prediction, predicted_success, replay_live_run
 from mara_live.config import LiveConfig
-from mara_live.env import Assignment
+from mara_live.curves import GrowingCurves
+from mara_live.env import Assignment, LiveEnv
 from mara_live.log import LOG, Recorder, TickLog
 from mara_live.placement import Placement
 from mara_live.runner import BANK, run_live
@@ -174,3 +176,13 @@ def test_streams_round_trip_and_malformed_ones_are_named(setting, tmp_path) -> N
         with pytest.raises(ConfigError, match=message):
             load_stream(tmp_path / "bad.json")
     assert JobSpec("mlp_digits", 1, 0.3, 5, 50) == load_stream(path).jobs[0].__class__("mlp_digits", 1, 0.3, 5, 50)
+
+
+def test_live_env_refuses_simulated_speeds_and_held_decisions(setting) -> None:
+    """Live jobs run on real workers tick by tick: no simulated node speeds, a decision every tick."""
+    env_cfg, stream, _ = setting
+    curves = GrowingCurves.for_stream(stream, 300)
+    for change, message in (({"cluster": ClusterConfig(restore_lo=1, restore_hi=2)}, "paper's nodes"),
+                            ({"decision_interval": 10}, "decide every tick")):
+        with pytest.raises(ConfigError, match=message):
+            LiveEnv(replace(env_cfg, **change), curves, trainer=lambda work: [])

@@ -154,3 +154,14 @@ def test_worlds_probe(smoke_bank, fm_dir, tmp_path):
                "--worlds", "2", "--fm", str(fm_dir))
     (rows,) = tables(path)
     assert len(rows) == 1 and all(0 <= percent(c) for c in rows[0][1:])
+
+
+def test_rollout_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("rollout_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "2",
+               "--share", "0.5", "--alternatives", "2", "--fm", str(fm_dir))
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["swap", "drop"]
+    for _, states, improved, gain, worse in rows:
+        assert int(states) > 0  # the smoke episodes are contended
+        improved, worse = percent(improved.rstrip("%")), percent(worse.rstrip("%"))
+        assert (number(gain) > 0) == (improved > 0)
