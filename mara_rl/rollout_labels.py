@@ -86,13 +86,15 @@ def judge(teacher: str, env: MultiNodeEnv, action: np.ndarray,
 class RolloutLabeller:
     """A `BatchDecide` for `mara_rl.imitation.demonstrations`: the teacher's action, replaced
     by the best candidate at a `share` of the contended states (those where the teacher leaves
-    a task waiting). `gains` collects, per judged state, the successes the label adds."""
+    a task waiting). `gains` collects, per judged state, the successes the label adds, and
+    `improved` the (observation, label) of each state where that is more than 0."""
 
     teacher: str
     per_kind: int = 2  # candidates of each kind
     share: float = 0.5
     seed: int = 0
     gains: list[int] = field(default_factory=list)
+    improved: list[tuple[dict[str, np.ndarray], np.ndarray]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -110,4 +112,6 @@ class RolloutLabeller:
             best = int(np.argmax(ends))  # the first maximum: the teacher's own on ties
             self.gains.append(ends[best] - ends[0])
             labels[i] = firsts[best]
+            if best:
+                self.improved.append(({k: v[i] for k, v in obs.items()}, labels[i]))
         return labels

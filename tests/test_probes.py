@@ -11,6 +11,10 @@ from types import ModuleType
 
 import pytest
 
+from mara_common.profile import Profile
+from mara_rl.policy import export_policy, module_spec
+from mara_rl.scheduler_config import scheduler_config, training_env
+
 SMOKE = ["--profile", "smoke"]
 
 
@@ -165,3 +169,18 @@ def test_rollout_probe(smoke_bank, fm_dir, tmp_path):
         assert int(states) > 0  # the smoke episodes are contended
         improved, worse = percent(improved.rstrip("%")), percent(worse.rstrip("%"))
         assert (number(gain) > 0) == (improved > 0)
+
+
+def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, tmp_path):
+    profile = Profile.load("smoke")
+    cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm_dir), decision_interval=5)
+    env_cfg = training_env(cfg, profile, smoke_bank)
+    policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
+    path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--rounds", "2", "--episodes", "1",
+               "--share", "1", "--weight", "3")
+    assert path.name == "rollout_fit.md"
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["1", "2"]
+    for _, labelled, judged, improved, score in rows:
+        assert int(labelled) > int(judged) > 0
+        percent(improved.rstrip("%")), percent(score)

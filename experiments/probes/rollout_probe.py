@@ -18,27 +18,44 @@ figures bound what any policy could gain by such deviations at those states.
 If a better candidate is rare, labels made of them (rollout-based imitation,
 AggreVaTe-style) are too sparse to teach a policy to beat the teacher.
 
-Validation curves only (ID val). Run from the project root:
+With `--policy DIR` (a MAT trained with decisions at events, e.g. a run's
+`warm_start_policy`), it instead fits that MAT to such labels on the states it
+reaches itself (`mara_rl.rollout_labels.RolloutLabeller`, ID training
+episodes), round after round, and validates it after each round as the
+trainer does (greedy, its 128 ID val episodes); `--weight W` repeats every
+state where a candidate beat the teacher W times in the fit.
+
+Validation curves only (ID val) for the figures. Run from the project root:
 
     python -m experiments.probes.rollout_probe --roots 5
+    python -m experiments.probes.rollout_probe --policy artifacts/scheduler/RUN/warm_start_policy --rounds 4
 
-Writes experiments/probes/results/rollout_probe.md, or into --out.
+Writes experiments/probes/results/rollout_probe.md (with --policy,
+rollout_fit.md), or into --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
 
 from experiments.probes.common import add_common_flags, add_replay_flags, save_table
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
+from mara_env.cluster import ClusterConfig
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import replay_in_lockstep
 from mara_rl.evaluate import pooled_episodes
-from mara_rl.rollout_labels import KINDS, blind_teacher, candidates, judge
+from mara_rl.imitation import Demonstrations, demonstrations, imitate
+from mara_rl.policy import act, load_policy, policy_env
+from mara_rl.rollout_labels import KINDS, RolloutLabeller, blind_teacher, candidates, judge
+from mara_rl.scheduler_config import scheduler_config, training_env
+from mara_rl.train_scheduler import evaluate_policy
 
 TEACHER = "lara_optimistic"
 
@@ -66,6 +83,48 @@ def measure(cfg: EnvConfig, episodes: list, kind: str, share: float, count: int,
             "worse": float(np.mean(worse))}
 
 
+def improved_rows(module: torch.nn.Module, labeller: RolloutLabeller) -> Demonstrations:
+    """The states where a candidate beat the teacher, with their labels (returns: the MAT's own
+    values, so the repeated rows leave the value fit as it is)."""
+    obs = {k: torch.as_tensor(np.stack([o[k] for o, _ in labeller.improved])) for k in labeller.improved[0][0]}
+    actions = torch.as_tensor(np.stack([a for _, a in labeller.improved]), dtype=torch.long)
+    with torch.no_grad():
+        out = module.forward_train({Columns.OBS: obs, Columns.ACTIONS: actions})
+        values = module.compute_values({}, out[Columns.EMBEDDINGS])
+    return Demonstrations(obs=obs, actions=actions, returns=values.float())
+
+
+def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
+    """Rounds of rollout labels on the MAT's own states, each followed by a refit and a validation."""
+    module = load_policy(args.policy)
+    trained = policy_env(args.policy)  # the env the policy runs in: its predictor and view options
+    cluster = trained.pop("cluster")
+    cfg = scheduler_config(profile)
+    env = dataclasses.replace(training_env(cfg, profile, args.bank or profile.paths.bank), **trained,
+                              cluster=ClusterConfig(**cluster))
+    # Fixed offsets from --seed: the teacher's demonstrations, each round's labeller and training
+    # episodes, and each refit draw apart (the figures in docs/decisions.md are --seed 0's).
+    demos = demonstrations(env, TEACHER, cfg.imitation_episodes, args.seed + 7)
+    start = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
+    lines = [f"# Fitting the MAT to rollout labels ({args.policy}, decisions at events every "
+             f"<= {env.decision_interval} steps)", "",
+             f"Validation: {cfg.eval_episodes} ID val episodes, greedy; before the first round {100 * start:.2f}%.",
+             "", "| round | rows | states judged | a candidate beat the teacher | validation % |", "|---|---|---|---|---|"]
+    for r in range(1, args.rounds + 1):
+        labeller = RolloutLabeller(TEACHER, args.alternatives // 2, args.share, seed=args.seed + 99 + r)
+        rows = demonstrations(env, labeller, args.episodes, args.seed + 4900 + 100 * r,
+                              driver=lambda obs, envs: act(module, obs))
+        demos = demos + rows
+        for _ in range(args.weight - 1 if labeller.improved else 0):
+            demos = demos + improved_rows(module, labeller)
+        imitate(module, demos, cfg.imitation_dagger_epochs, cfg.imitation_lr, args.seed + 10 + r)
+        score = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
+        gains = np.array(labeller.gains)
+        lines.append(f"| {r} | {len(rows)} | {len(gains)} | {100 * np.mean(gains > 0):.1f}% | {100 * score:.2f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
@@ -74,9 +133,15 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--share", type=float, default=0.25, help="share of contended states judged")
     parser.add_argument("--alternatives", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy", type=Path, help="fit this MAT to rollout labels instead (see above)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--episodes", type=int, default=32, help="training episodes per round")
+    parser.add_argument("--weight", type=int, default=1, help="repeats of each improved state in the fit")
     args = parser.parse_args(argv)
     torch_threads(1)
     profile = Profile.load(args.profile)
+    if args.policy:
+        return save_table(fit(profile, args), args.out, "rollout_fit.md")
     fm = (args.fm or profile.paths.predictor).resolve()
     cfg = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), split="val", task_set="id",
                           predictor=f"fm:{fm}", decision_interval=args.interval)
