@@ -40,6 +40,9 @@ class MethodSpec:
     view: str = "none"
     kind: str = "rule"
     help: str = ""
+    # The env's decision_interval it runs with: decisions at events, each held up to this many
+    # steps (docs/design.md §3). None: a decision every step.
+    hold: int | None = None
 
     def __post_init__(self) -> None:
         for field_name, known in (("kind", KINDS), ("view", VIEWS), ("predictor", PREDICTORS)):
@@ -62,6 +65,9 @@ BUILTIN: tuple[MethodSpec, ...] = (
                help="LARA on FM's optimistic quantile, probing new tasks first: MARA's teacher"),
     MethodSpec("llf_fm", "llf", "fm", view="profile",
                help="exact feasibility test and least-laxity service on FM forecasts"),
+    MethodSpec("lara_fm_optimistic_held", "lara_optimistic", "fm", view="profile", hold=20,
+               help="MARA's teacher deciding only at events (each decision held up to 20 steps)"),
+    MethodSpec("llf_fm_held", "llf", "fm", view="profile", hold=20, help="llf_fm deciding only at events"),
     MethodSpec("las", "las", "wls", help="Tiresias-style least attained service, no forecasts"),
     MethodSpec("optimus", "optimus", "wls", help="Optimus-style online loss fit, shortest remaining first"),
     MethodSpec("admission_fm", "admission", "fm",
@@ -152,7 +158,8 @@ def builtin_methods(fm_path: str | Path | None, view: dict[str, Any]) -> dict[st
             continue
         predictor = f"fm:{fm_path}" if spec.predictor == "fm" else spec.predictor
         make = classic(spec.allocator) if spec.allocator else None
-        methods[spec.name] = Method(spec.name, predictor, make, view=views[spec.view])
+        held = {"decision_interval": spec.hold} if spec.hold else {}
+        methods[spec.name] = Method(spec.name, predictor, make, view={**views[spec.view], **held})
     return methods
 
 

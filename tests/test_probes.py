@@ -177,7 +177,7 @@ def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, 
     env_cfg = training_env(cfg, profile, smoke_bank)
     policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
     path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--rounds", "2", "--episodes", "1",
-               "--share", "1", "--weight", "3")
+               "--share", "0.2", "--weight", "3")
     assert path.name == "rollout_fit.md"
     [rows] = tables(path)
     assert [row[0] for row in rows] == ["1", "2"]
