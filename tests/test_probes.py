@@ -184,3 +184,13 @@ def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, 
     for _, labelled, judged, improved, score in rows:
         assert int(labelled) > int(judged) > 0
         percent(improved.rstrip("%")), percent(score)
+
+
+def test_hold_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("hold_probe", smoke_bank, tmp_path, "--intervals", "5,50", "--episodes", "2", "--fm", str(fm_dir))
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["lara_optimistic", "llf"]
+    for row in rows:
+        assert len(row) == 4
+        for cell in row[1:]:
+            percent(cell)

@@ -1,0 +1,65 @@
+"""Probe: do the rules lose or gain when they decide only at events?
+
+Replays the scheduler trainer's validation episodes (ID val, the episodes that
+pick a run's exported policy, `[scheduler] eval_episodes` from `eval_seed`)
+under the teacher (`lara_optimistic`) and `llf` on FM, deciding every step and
+with each decision held until an event for at most H steps
+(`EnvConfig.decision_interval`, docs/design.md §3). It chose the held rules of
+the evaluation (`*_held` in `mara_rl/methods.py`).
+
+Validation curves only. Run from the project root:
+
+    python -m experiments.probes.hold_probe --intervals 10,20
+    python -m experiments.probes.hold_probe --profile cluster
+
+Writes experiments/probes/results/hold_probe[_<profile>].md, or into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from experiments.probes.common import add_common_flags, save_table
+from mara_common.profile import Profile
+from mara_common.threads import torch_threads
+from mara_env.env import sample_episodes
+from mara_env.vector import replay_in_lockstep
+from mara_rl.methods import classic
+from mara_rl.scheduler_config import scheduler_config, training_env
+
+RULES = ("lara_optimistic", "llf")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_flags(parser)
+    parser.add_argument("--intervals", default="10,20", help="decision intervals H, comma-separated")
+    parser.add_argument("--episodes", type=int, help="validation episodes (default: the profile's eval_episodes)")
+    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    args = parser.parse_args(argv)
+    torch_threads(1)
+    profile = Profile.load(args.profile)
+    cfg = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
+    env = dataclasses.replace(training_env(cfg, profile, args.bank or profile.paths.bank), split="val",
+                              burst_prob=0.0)
+    episodes = sample_episodes(env, args.episodes or cfg.eval_episodes, cfg.eval_seed)
+    intervals = [None, *(int(h) for h in args.intervals.split(",") if h.strip())]
+    lines = [f"# Rules deciding at events ({len(episodes)} ID val episodes of the trainer, profile {profile.name})",
+             "", "Success %; `every step` is the rule as evaluated, `H` its decisions held up to H steps.", "",
+             "| rule | every step | " + " | ".join(f"H = {h}" for h in intervals[1:]) + " |",
+             "|---|" + "---|" * len(intervals)]
+    for rule in RULES:
+        rates = [np.mean([o["success_rate"] for o in replay_in_lockstep(
+            dataclasses.replace(env, decision_interval=h), episodes, classic(rule)())]) for h in intervals]
+        lines.append(f"| {rule} | " + " | ".join(f"{100 * r:.2f}" for r in rates) + " |")
+        print(lines[-1], flush=True)
+    name = "hold_probe.md" if profile.name == "default" else f"hold_probe_{profile.name}.md"
+    return save_table(lines, args.out, name)
+
+
+if __name__ == "__main__":
+    main()
