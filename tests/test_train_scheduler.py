@@ -206,7 +206,7 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     env_cfg = EnvConfig(predictor=spec)
     policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", env_cfg)
     assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None,
-                                  "cluster": dataclasses.asdict(ClusterConfig())}
+                                  "decision_interval": None, "cluster": dataclasses.asdict(ClusterConfig())}
     config = fm_dir / "config.json"
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ConfigError, match="has changed since this policy was trained"):
@@ -220,7 +220,7 @@ def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Pat
     trained = module_spec(env_cfg, MATConfig()).build()
     policy = export_policy(trained, tmp_path / "policy", env_cfg)
     assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15, "probe_points": 12,
-                                  "cluster": dataclasses.asdict(ClusterConfig())}
+                                  "decision_interval": None, "cluster": dataclasses.asdict(ClusterConfig())}
     loaded = load_policy(policy)
     assert loaded.slot_embed[0].in_features == 6
     obs, _ = MultiNodeEnv(env_cfg).reset(seed=0)

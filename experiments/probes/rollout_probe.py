@@ -120,7 +120,8 @@ def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
         imitate(module, demos, cfg.imitation_dagger_epochs, cfg.imitation_lr, args.seed + 10 + r)
         score = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
         gains = np.array(labeller.gains)
-        lines.append(f"| {r} | {len(rows)} | {len(gains)} | {100 * np.mean(gains > 0):.1f}% | {100 * score:.2f} |")
+        improved = f"{100 * np.mean(gains > 0):.1f}%" if len(gains) else "n/a"
+        lines.append(f"| {r} | {len(rows)} | {len(gains)} | {improved} | {100 * score:.2f} |")
         print(lines[-1], flush=True)
     return lines
 
