@@ -13,7 +13,7 @@ import numpy as np
 
 from mara_common.plotting import plt, save_figure
 from mara_env.env import EnvConfig, MultiNodeEnv
-from mara_env.vector import replay_in_lockstep
+from mara_env.vector import play_in_lockstep
 from mara_env.workload import Episode
 from mara_rl.methods import Method
 
@@ -31,23 +31,29 @@ class Timeline:
     speeds: np.ndarray
 
 
+class StepRecorder(MultiNodeEnv):
+    """The env, keeping each node's task and restore state after every step (also the steps
+    inside a held decision, `EnvConfig.decision_interval`)."""
+
+    def __init__(self, config: EnvConfig) -> None:
+        super().__init__(config)
+        self.served: list[np.ndarray] = []
+        self.restoring: list[np.ndarray] = []
+
+    def _advance_step(self, action: np.ndarray) -> tuple[float, bool, dict]:
+        out = super()._advance_step(action)
+        self.served.append(self.node_task.copy())
+        self.restoring.append(self.node_restoring.copy())
+        return out
+
+
 def record(method: Method, env_cfg: EnvConfig, episode: Episode) -> Timeline:
-    """Replay `episode` with `method`, keeping each node's task and restore state per step
-    (`MultiNodeEnv.node_task`, `node_restoring`, read after every step)."""
+    """Replay `episode` with `method`, keeping each node's task and restore state per step."""
     cfg = method.env_config(env_cfg)
-    served, restoring, env = [], [], []
-    decide = method.make()
-
-    def watch(obs: dict, envs: list[MultiNodeEnv]) -> np.ndarray:
-        env[:] = envs
-        return decide(obs, envs)
-
-    def after_step(i: int, obs: dict, action: np.ndarray, reward: float) -> None:
-        served.append(env[0].node_task.copy())
-        restoring.append(env[0].node_restoring.copy())
-
-    out = replay_in_lockstep(cfg, [episode], watch, on_step=after_step)[0]
-    return Timeline(np.array(served), np.array(restoring), out["succeeded"], cfg.cluster.speeds(cfg.n_nodes))
+    env = StepRecorder(cfg)
+    env.reset(options={"episode": episode})
+    out = play_in_lockstep([env], method.make())[0]
+    return Timeline(np.array(env.served), np.array(env.restoring), out["succeeded"], cfg.cluster.speeds(cfg.n_nodes))
 
 
 def plot(timelines: dict[str, Timeline], path: Path) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -192,7 +194,11 @@ def test_mat_node_tokens_keep_train_and_sampling_logp_equal() -> None:
 def test_timeline_records_each_nodes_task_and_restores(smoke_bank, tmp_path) -> None:
     cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1, cluster=CLUSTER)
     episode = sample_episodes(cfg, 1, seed=3)[0]
-    timelines = {name: record(builtin_methods(None, {})[name], cfg, episode) for name in ("edf", "las")}
+    methods = builtin_methods(None, {})
+    timelines = {name: record(methods[name], cfg, episode) for name in ("edf", "las")}
+    # A method deciding at events still gets one row per step.
+    held = dataclasses.replace(methods["edf"], name="edf_held", view={"decision_interval": 20})
+    timelines["edf_held"] = record(held, cfg, episode)
     for tl in timelines.values():
         assert tl.served.shape == (cfg.horizon, 7) and tl.speeds.tolist() == list(CLUSTER.node_speeds)
         busy = tl.served[tl.served >= 0]
