@@ -8,10 +8,11 @@ MARA    := $(VENV)/bin/mara
 STAGE_ONE := $(or $(shell sed -n 's/^stage_one_from *= *"\(.*\)"/\1/p' experiments/profiles/$(PROFILE).toml 2>/dev/null),$(PROFILE))
 BANK    := data/banks/$(STAGE_ONE).parquet
 WIDE_BANK := data/banks/$(STAGE_ONE)-wide.parquet
+HISTORY_BANK := data/banks/$(STAGE_ONE)-history.parquet
 FM      := artifacts/predictor/$(STAGE_ONE)/predictor
 # Scheduler settings default to the profile's [scheduler]; these override the common ones
 # (every [scheduler] setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
-# PREDICTOR=wls trains MARA-WLS, BETA=0 the sparse-reward ablation, SEED=N another seed,
+# PREDICTOR=wls trains MARA-WLS, PREDICTOR=history MARA-history, BETA=0 the sparse-reward ablation, SEED=N another seed,
 # IMITATION=N the warm start's episodes (0: PPO from a random MAT), TEACHER=..., DAGGER=R.
 SEED      ?=
 BETA      ?=
@@ -30,7 +31,7 @@ RAY_DASH  ?= 8266
 # ray.init() (a training run) or another head on the machine does not collide with it.
 RAY_PORTS ?= 26380
 
-.PHONY: setup test lint curves curves-wide train-predictor eval-predictor train-scheduler submit-scheduler \
+.PHONY: setup test lint curves curves-wide curves-history train-predictor eval-predictor train-scheduler submit-scheduler \
 	evaluate bench live live-compare mlflow-ui clean ray-up ray-down
 
 setup: $(VENV)/.installed
@@ -62,6 +63,10 @@ curves-wide: $(WIDE_BANK)
 $(WIDE_BANK): | $(VENV)/.installed
 	$(MARA) curves --wide --profile $(PROFILE) --out $@
 
+curves-history: $(HISTORY_BANK)
+$(HISTORY_BANK): | $(VENV)/.installed
+	$(MARA) curves --history --profile $(PROFILE) --out $@
+
 train-predictor: $(FM)/config.json
 $(FM)/config.json: $(BANK)
 	$(MARA) train-predictor --profile $(PROFILE) --bank $(BANK)
@@ -87,7 +92,7 @@ evaluate: $(BANK)
 	$(MARA) evaluate-all --profile $(PROFILE) $(if $(EXTRA),--policies $(EXTRA))
 
 bench: $(FM)/config.json
-	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM) $(if $(wildcard artifacts/scheduler/$(PROFILE)-seed0/policy),--live mara,--live lara_fm_optimistic)
+	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM) $(if $(wildcard $(HISTORY_BANK)),--history $(HISTORY_BANK)) $(if $(wildcard artifacts/scheduler/$(PROFILE)-seed0/policy),--live mara,--live lara_fm_optimistic)
 
 # Live mode (docs/design.md §11): real jobs on 7 Ray node actors (RAY_ADDRESS: a cluster).
 # `make live` runs MARA (METHOD=...) on one generated stream of about 40 jobs and kills one

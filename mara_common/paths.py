@@ -40,6 +40,11 @@ class ProjectPaths:
         return PROJECT_ROOT / "data" / "banks" / f"{self.stage_one_name}-wide.parquet"
 
     @property
+    def history_bank(self) -> Path:
+        """Fresh runs of the main bank's families: the history predictor's finished runs."""
+        return PROJECT_ROOT / "data" / "banks" / f"{self.stage_one_name}-history.parquet"
+
+    @property
     def predictor_run(self) -> Path:
         """`train-predictor`'s folder: checkpoints, the MLflow run id, the export."""
         return PROJECT_ROOT / "artifacts" / "predictor" / self.stage_one_name

@@ -19,8 +19,8 @@ from mara_common.paths import PROFILE_DIR, ProjectPaths
 
 T = TypeVar("T")
 # Every section a profile may have; each is read by one stage's config class.
-SECTIONS = ("bank", "wide_bank", "predictor", "env", "evaluation", "scheduler", "report", "live")
-STAGE_ONE = ("bank", "wide_bank", "predictor")
+SECTIONS = ("bank", "wide_bank", "history_bank", "predictor", "env", "evaluation", "scheduler", "report", "live")
+STAGE_ONE = ("bank", "wide_bank", "history_bank", "predictor")
 # A top-level key: `stage_one_from = "default"` makes a profile share that profile's bank and
 # predictor (their files and their sections), so a scheduler setting needs no stage one of its own.
 SHARED_STAGE_ONE = "stage_one_from"

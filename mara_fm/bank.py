@@ -196,7 +196,12 @@ def select(frame: pd.DataFrame, task_set: str, split: str) -> CurveSet:
     if len(sub) == 0:
         have = sorted(set(zip(frame["task_set"], frame["split"], strict=True)))
         raise BankError(f"no curves for task_set={task_set!r} split={split!r}; the bank has {have}")
-    sub = sub.sort_values("curve_id")
+    return curve_set(sub)
+
+
+def curve_set(frame: pd.DataFrame) -> CurveSet:
+    """Every row of a (validated) bank frame as a `CurveSet`, ordered by curve id."""
+    sub = frame.sort_values("curve_id")
     return CurveSet(
         ids=sub["curve_id"].to_numpy(dtype=str),
         families=sub["family"].to_numpy(dtype=str),

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from mara_common.config import check_config, setting
+from mara_common.config import ConfigError, check_config, setting
 from mara_common.profile import Profile
 from mara_fm.bank import load_bank, save_bank
 from mara_fm.families import FAMILIES, Family
@@ -147,17 +147,40 @@ def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True,
     return path if path.exists() else build_bank(cfg, path, progress, families=families)
 
 
-def bank_spec(profile: Profile, wide: bool = False, **overrides: object) -> tuple[BankConfig, Path, dict[str, Family]]:
-    """(config, default path, families) of the profile's main bank, or of its wide bank
-    (`[wide_bank]`, mara_fm/wide_families.py); `overrides` replace section keys."""
-    if wide:
-        return profile.section(BankConfig, "wide_bank", **overrides), profile.paths.wide_bank, WIDE_FAMILIES
-    return profile.section(BankConfig, "bank", **overrides), profile.paths.bank, FAMILIES
+BANKS = ("main", "wide", "history")
+
+
+def bank_spec(profile: Profile, which: str = "main", **overrides: object) -> tuple[BankConfig, Path, dict[str, Family]]:
+    """(config, default path, families) of one of the profile's banks; `overrides` replace
+    section keys. `main`: `[bank]`, the evaluation's curves; `wide`: `[wide_bank]`, the extra
+    families FM may train on (mara_fm/wide_families.py); `history`: `[history_bank]`, fresh runs
+    of the main bank's families that the history predictor reads as finished runs."""
+    paths = profile.paths
+    if which == "wide":
+        return profile.section(BankConfig, "wide_bank", **overrides), paths.wide_bank, WIDE_FAMILIES
+    if which == "history":
+        cfg = profile.section(BankConfig, "history_bank", **overrides)
+        if cfg.seed == profile.section(BankConfig, "bank").seed:
+            raise ConfigError(f"{profile.path} [history_bank]: seed {cfg.seed} is the main bank's; the history "
+                              "pool must be other runs than those the evaluation scores")
+        return cfg, paths.history_bank, FAMILIES
+    if which != "main":
+        raise ValueError(f"unknown bank {which!r}; known: {list(BANKS)}")
+    return profile.section(BankConfig, "bank", **overrides), paths.bank, FAMILIES
 
 
 def ensure_wide_bank(profile: Profile, progress: bool = True) -> Path:
     """The profile's wide bank, built first if missing."""
-    cfg, path, families = bank_spec(profile, wide=True)
+    cfg, path, families = bank_spec(profile, "wide")
+    return ensure_bank(cfg, path, progress, families)
+
+
+def ensure_history_bank(profile: Profile, progress: bool = True) -> Path | None:
+    """The profile's history bank, built first if missing; None when the profile has no
+    `[history_bank]` (its history methods are then not run)."""
+    if not profile.values("history_bank"):
+        return None
+    cfg, path, families = bank_spec(profile, "history")
     return ensure_bank(cfg, path, progress, families)
 
 

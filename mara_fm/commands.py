@@ -16,7 +16,8 @@ from mara_fm.train_predictor import train_predictor
 
 
 def cmd_curves(args: argparse.Namespace) -> None:
-    cfg, default, families = bank_spec(args.profile, args.wide, workers=args.workers)
+    which = "wide" if args.wide else "history" if args.history else "main"
+    cfg, default, families = bank_spec(args.profile, which, workers=args.workers)
     path = build_bank(cfg, Path(args.out) if args.out else default, progress=True, fresh=args.fresh,
                       families=families)
     print(f"bank written: {path}")
@@ -40,9 +41,13 @@ def cmd_eval_predictor(args: argparse.Namespace) -> None:
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     """Add the stage-one commands; `common` carries the flags every command has (--profile)."""
     p = subparsers.add_parser("curves", parents=[common], help="build the curve bank from real training runs")
-    p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet, or <profile>-wide.parquet)")
-    p.add_argument("--wide", action="store_true",
-                   help="build the wide bank ([wide_bank]): the extra families FM may train and be selected on")
+    p.add_argument("--out", help="bank path (default data/banks/<profile>.parquet, <profile>-wide.parquet "
+                   "or <profile>-history.parquet)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--wide", action="store_true",
+                       help="build the wide bank ([wide_bank]): the extra families FM may train and be selected on")
+    which.add_argument("--history", action="store_true",
+                       help="build the history bank ([history_bank]): finished runs the history predictor reads")
     p.add_argument("--workers", type=int, help="processes (default: one per core)")
     p.add_argument("--fresh", action="store_true", help="discard the chunks of an earlier build first")
     p.set_defaults(func=cmd_curves, output_files=("out",))

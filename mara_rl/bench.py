@@ -133,7 +133,7 @@ def live_overhead(method: Method, env_cfg: EnvConfig, cfg: LiveConfig, ticks: in
 
 
 def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
-              fm_path: str | None = None, pooled_envs: int = 8,
+              fm_path: str | None = None, pooled_envs: int = 8, history_path: str | None = None,
               training: tuple[SchedulerConfig, EnvConfig] | None = None,
               mat: MATConfig | None = None,
               live: tuple[Method, EnvConfig, LiveConfig] | None = None) -> dict[str, float]:
@@ -141,7 +141,8 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
     `mat` the network whose decision latency is measured (the profile's), `live` a method
     and the settings of a short live run."""
     results: dict[str, float] = {}
-    predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else [])
+    predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else []) + \
+        ([f"history:{history_path}"] if history_path else [])
     for predictor in predictors:
         name = predictor.split(":")[0]
         for num_envs in (1, pooled_envs):

@@ -53,7 +53,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     env_cfg = profile.section(EnvConfig, "env", bank=str(bank))
     eval_cfg = profile.section(EvalConfig, "evaluation", roots=args.roots, episodes_per_root=args.episodes,
                                split=args.split)
-    available = builtin_methods(normal_path(args.fm) if args.fm else None, env_cfg.view_options)
+    available = builtin_methods(normal_path(args.fm) if args.fm else None, env_cfg.view_options,
+                                normal_path(args.history) if args.history else None)
     names = list(dict.fromkeys(_csv(args.methods)))
     for (name, seed), path in parse_policies(args.policies).items():
         key = name if seed is None else f"{name}@{seed}"
@@ -82,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         live_env = live_env_config(profile, bank, live_cfg)
         live = (live_method(profile, live_env, args.live), live_env, live_cfg)
     run_bench(env_cfg, steps=args.steps, bank_rate=not args.skip_bank, fm_path=args.fm, training=training,
-              mat=sched.mat, live=live)
+              mat=sched.mat, live=live, history_path=args.history)
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--bank")
     p.add_argument("--fm", help="exported FM predictor (enables the methods that read FM)")
+    p.add_argument("--history", help="history bank (enables the methods that read earlier runs of a job's kind)")
     p.add_argument("--policies", help="learned methods as NAME[@SEED]=POLICY_DIR,... "
                    "(e.g. mara=artifacts/scheduler/default-seed0/policy)")
     p.add_argument("--roots", type=int)
@@ -134,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bank", action="store_true", help="skip the bank build-rate benchmark")
     p.add_argument("--skip-training", action="store_true", help="skip the PPO training-throughput benchmark")
     p.add_argument("--fm", help="also time the env with this exported FM predictor inside")
+    p.add_argument("--history", help="also time the env with the history predictor on this history bank")
     p.add_argument("--live", metavar="METHOD", help="also time the scheduler's overhead per tick of a live "
                    "run on Ray with this method (e.g. mara; needs the profile's [live] section)")
     p.set_defaults(func=cmd_bench)

@@ -66,7 +66,8 @@ class EvalConfig:
     # Training seeds of each learned scheduler that `mara reproduce` trains and evaluates.
     scheduler_seeds: tuple[int, ...] = setting((0,), help="training seeds of each learned variant")
     # The learned variants (`mara_rl.methods.VARIANTS`) that `mara reproduce` trains and evaluates.
-    variants: tuple[str, ...] = setting(tuple(v.name for v in VARIANTS), help="learned variants to train")
+    variants: tuple[str, ...] = setting(tuple(v.name for v in VARIANTS if v.standard),
+                                        help="learned variants to train")
 
     def __post_init__(self) -> None:
         check_config(self)

@@ -3,9 +3,11 @@
 The evaluator, the pipeline and the report read it: a method added here is
 evaluated by `mara evaluate-all` and shown in the report, nowhere else to
 edit. Kinds: a `rule` reads only the observation (a hand-written allocator
-the learned scheduler has to beat); a `reference` is told each task's true
-demand (how far better forecasts could go); the `bound` is the Oracle, each
-task alone on a node (docs/design.md §6).
+the learned scheduler has to beat); a `history` method also knows each task's
+job kind and earlier finished runs of it (a setting beyond the paper's,
+reported beside it); a `reference` is told each task's true demand (how far
+better forecasts could go); the `bound` is the Oracle, each task alone on a
+node (docs/design.md §6).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide
 from mara_rl.policy import act, load_policy, policy_env
 
-KINDS = ("rule", "reference", "bound")
+KINDS = ("rule", "history", "reference", "bound")
 VIEWS = ("none", "quantile", "profile")
-PREDICTORS = ("wls", "oracle", "fm")
+PREDICTORS = ("wls", "oracle", "fm", "history")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class MethodSpec:
 
     name: str
     allocator: str | None  # a key of ALLOCATORS; None for the Oracle bound (not simulated)
-    predictor: str  # wls | oracle | fm (the profile's exported FM predictor)
+    predictor: str  # wls | oracle | fm (the profile's exported FM predictor) | history (its history bank)
     # The env's view options it runs with: "none" (the base observation), "quantile" (the
     # optimistic estimate alone), "profile" (all of the profile's, as MARA's teacher does).
     view: str = "none"
@@ -53,6 +55,7 @@ class MethodSpec:
     def needs(self) -> list[str]:
         """What the profile or the command must provide for this method to run."""
         return (["an FM predictor"] if self.predictor == "fm" else []) + \
+            (["a history bank ([history_bank])"] if self.predictor == "history" else []) + \
             (["[env] optimistic_quantile"] if self.view != "none" else [])
 
 
@@ -72,6 +75,10 @@ BUILTIN: tuple[MethodSpec, ...] = (
     MethodSpec("optimus", "optimus", "wls", help="Optimus-style online loss fit, shortest remaining first"),
     MethodSpec("admission_fm", "admission", "fm",
                help="ElasticFlow/Chronus-style deadline admission on FM forecasts, EDF service"),
+    MethodSpec("lara_history_optimistic", "lara_optimistic", "history", view="profile", kind="history",
+               help="MARA's teacher on forecasts from earlier runs of each task's job kind"),
+    MethodSpec("llf_history", "llf", "history", view="profile", kind="history",
+               help="llf on forecasts from earlier runs of each task's job kind"),
     MethodSpec("lara_oracle", "lara", "oracle", kind="reference", help="LARA told the true demand"),
     MethodSpec("llf_oracle", "llf", "oracle", view="quantile", kind="reference",
                help="the least-laxity planner told the true demand"),
@@ -86,6 +93,9 @@ class Variant:
 
     name: str
     overrides: tuple[tuple[str, Any], ...]  # SchedulerConfig fields
+    # Trained by a profile whose [evaluation] does not list its variants. The history variant
+    # is not: it needs a history bank ([history_bank]) and a profile asks for it by name.
+    standard: bool = True
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -96,6 +106,7 @@ VARIANTS = (
     Variant("mara", (("predictor", "fm"),)),
     Variant("mara_wls", (("predictor", "wls"),)),
     Variant("sparse", (("predictor", "fm"), ("beta", 0.0))),
+    Variant("mara_history", (("predictor", "history"),), standard=False),
 )
 
 
@@ -147,16 +158,19 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
     return Method(name, predictor, make, seed, view=trained_in, cluster=cluster)
 
 
-def builtin_methods(fm_path: str | Path | None, view: dict[str, Any]) -> dict[str, Method]:
-    """The registry's methods that can run here: those reading FM need `fm_path`, those
-    reading the optimistic estimate need the profile's `optimistic_quantile` in `view`."""
+def builtin_methods(fm_path: str | Path | None, view: dict[str, Any],
+                    history_path: str | Path | None = None) -> dict[str, Method]:
+    """The registry's methods that can run here: those reading FM need `fm_path`, the history
+    methods a history bank at `history_path`, those reading the optimistic estimate the
+    profile's `optimistic_quantile` in `view`."""
     quantile = view.get("optimistic_quantile")
     views = {"none": {}, "quantile": {"optimistic_quantile": quantile}, "profile": dict(view)}
     methods = {}
+    paths = {"fm": fm_path, "history": history_path}
     for spec in BUILTIN:
-        if (spec.predictor == "fm" and not fm_path) or (spec.view != "none" and quantile is None):
+        if (spec.predictor in paths and not paths[spec.predictor]) or (spec.view != "none" and quantile is None):
             continue
-        predictor = f"fm:{fm_path}" if spec.predictor == "fm" else spec.predictor
+        predictor = f"{spec.predictor}:{paths[spec.predictor]}" if spec.predictor in paths else spec.predictor
         make = classic(spec.allocator) if spec.allocator else None
         held = {"decision_interval": spec.hold} if spec.hold else {}
         methods[spec.name] = Method(spec.name, predictor, make, view={**views[spec.view], **held})

@@ -28,12 +28,20 @@ from tqdm import tqdm
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
-from mara_fm.build_bank import BankConfig, ensure_bank
+from mara_fm.build_bank import BankConfig, ensure_bank, ensure_history_bank
 from mara_fm.eval_predictor import run_eval
 from mara_fm.fm_model import PredictorConfig
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import EvalConfig, evaluate, frozen_episodes
-from mara_rl.methods import BUILTIN, VARIANTS, Variant, builtin_methods, learned, parse_policies
+from mara_rl.methods import (
+    BUILTIN,
+    VARIANTS,
+    Method,
+    Variant,
+    builtin_methods,
+    learned,
+    parse_policies,
+)
 from mara_rl.policy import POLICY_SPEC
 from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
 from mara_rl.run_state import load_state, policy_dir, run_inputs, settings_changed
@@ -132,13 +140,21 @@ def trained_variants(profile: Profile) -> list[tuple[Variant, int]]:
     return [(v, seed) for seed in cfg.scheduler_seeds for v in VARIANTS if v.name in cfg.variants]
 
 
+def profile_methods(profile: Profile) -> dict[str, Method]:
+    """The registry's methods this profile can run: on its FM predictor, and on its history
+    bank when it has a `[history_bank]` (built here if missing)."""
+    history = ensure_history_bank(profile)
+    return builtin_methods(profile.paths.predictor.resolve(), profile.section(EnvConfig, "env").view_options,
+                           history.resolve() if history else None)
+
+
 def evaluation_stages(profile: Profile, cfg: PipelineConfig,
                       policies: dict[tuple[str, int], Path]) -> list[Stage]:
     """Main table, stress scenario and load sweep: every method on the same frozen episodes."""
     paths = profile.paths
     env_cfg = profile.section(EnvConfig, "env")
     eval_cfg = profile.section(EvalConfig, "evaluation")
-    available = builtin_methods(paths.predictor.resolve(), env_cfg.view_options)
+    available = profile_methods(profile)
     classic = [available[s.name] for s in BUILTIN if s.name in available]
 
     def run(name: str, task_sets: list[str], loads: list[float], scenario: str) -> Stage:
@@ -176,8 +192,7 @@ def timeline_stage(profile: Profile, cfg: PipelineConfig, policies: dict[tuple[s
                                   env_cfg.horizon, env_cfg.workload)[0]
         first = min(eval_cfg.scheduler_seeds)
         methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items() if seed == first]
-        methods += [m for m in builtin_methods(paths.predictor.resolve(), env_cfg.view_options).values()
-                    if m.make is not None]
+        methods += [m for m in profile_methods(profile).values() if m.make is not None]
         cfg_here = dataclasses.replace(env_cfg, bank=str(paths.bank), task_set=task_set, split=eval_cfg.split,
                                        arrival_prob=load)
         out.parent.mkdir(parents=True, exist_ok=True)

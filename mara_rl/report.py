@@ -371,8 +371,11 @@ def render(report: dict[str, Any], profile: str) -> str:
 
     t2 = report["table2"]
     out.append(f"## Table 2 — end-to-end success rate (%), p = {report['main_load']:g}\n")
-    out.append("Mean ± sample std over seed × root combinations; `mean` weighs the task sets "
-               "equally.\n")
+    told_kinds = [m for m in t2["rows"] if m in SPECS and SPECS[m].kind == "history"]
+    out.append("Mean ± sample std over seed × root combinations; `mean` weighs the task sets equally."
+               + (f" {', '.join(told_kinds)}: told each task's job kind and reading earlier runs of it "
+                  "(docs/design.md §5.5), so shown beside the rules and not counted among them."
+                  if told_kinds else "") + "\n")
     out.append(table(["method", *t2["columns"]],
                      [[m, *(mean_pm_std(cells[c]) if c in cells else "–" for c in t2["columns"])]
                       for m, cells in t2["rows"].items()]))

@@ -17,7 +17,7 @@ from mara_rl.evaluate import (
     pooled_episodes,
     slack_bands,
 )
-from mara_rl.methods import MethodSpec, builtin_methods, parse_policies
+from mara_rl.methods import MethodSpec, builtin_methods, parse_policies, rule_names
 
 
 def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflow_store):
@@ -144,3 +144,23 @@ def test_completion_by_slack_accounts_for_every_success(smoke_bank):
 def test_a_registry_entry_is_checked(bad):
     with pytest.raises(ValueError, match="method 'x'"):
         MethodSpec(**{"name": "x", "allocator": "edf", "predictor": "wls", **bad})
+
+
+def test_history_methods_run_from_the_cli_and_are_not_rules(smoke_bank, tmp_path, capsys):
+    """`--history` enables the methods that read earlier runs of each task's kind; they are
+    reported beside the rules, never counted among them."""
+    out, pool = tmp_path / "eval", tmp_path / "history.parquet"
+    save_bank(load_bank(smoke_bank), pool)  # a wiring check: any bank with every family will do
+    names = "lara_history_optimistic,llf_history,oracle"
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", names,
+              "--task-set", "id", "--load", "0.04", "--out", str(out), "--no-mlflow"])
+    assert "llf_history (needs a history bank" in capsys.readouterr().err
+    main(["evaluate", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", names, "--history", str(pool),
+          "--task-set", "id,rl_ood", "--load", "0.04", "--out", str(out), "--no-mlflow"])
+    records = json.loads((out / "results.json").read_text())
+    assert {(r["method"], r["task_set"]) for r in records} == {(m, t) for m in names.split(",")
+                                                               for t in ("id", "rl_ood")}
+    bound = {r["task_set"]: r["success_rate_mean"] for r in records if r["method"] == "oracle"}
+    assert all(r["success_rate_mean"] <= bound[r["task_set"]] + 1e-12 for r in records)
+    assert not {"lara_history_optimistic", "llf_history"} & set(rule_names())

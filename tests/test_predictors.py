@@ -1,8 +1,21 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
+from mara_common.config import ConfigError
+from mara_common.profile import Profile
 from mara_env.env import load_curves
-from mara_fm.predictors import HistoryBatch, OraclePredictor, WLSPredictor, make_predictor
+from mara_fm.bank import load_bank, save_bank
+from mara_fm.build_bank import bank_spec, ensure_history_bank
+from mara_fm.predictors import (
+    HistoryBatch,
+    HistoryPredictor,
+    OraclePredictor,
+    WLSPredictor,
+    make_predictor,
+    predictor_digest,
+)
 
 
 def power_law(n_points, batch_size=32, a=2.0, b=0.3):
@@ -77,3 +90,60 @@ def test_replaying_a_curve_set_matches_predicting_from_prefixes(smoke_bank, name
         assert band.shape == (64, 2)
         np.testing.assert_allclose(band, np.stack([direct, np.where(never, np.inf, direct)], axis=1),
                                    rtol=1e-6, atol=1e-6)
+
+
+def test_history_with_one_neighbour_that_is_the_task_itself_is_the_oracle(smoke_bank):
+    """A pool holding the task's own run (at distance 0) answers its true remaining demand."""
+    curves = load_curves(smoke_bank, "id", "test")
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, len(curves), 48)
+    lengths = rng.integers(4, curves.cap - 20, 48)
+    # Just above a point of the curve, so that exp(log(x)) rounding cannot move a crossing.
+    eps = curves.avg[rows, np.minimum(lengths + rng.integers(0, 120, 48), curves.cap - 1)] * (1 + 1e-9)
+    horizon = (curves.cap - lengths).astype(np.float64)
+    truth = OraclePredictor().replay_remaining(curves, rows, lengths, eps, horizon)
+    mine = HistoryPredictor(curves, neighbours=1, window=None).replay_remaining(curves, rows, lengths, eps, horizon)
+    assert ((truth > 0) & (truth < horizon)).sum() > 10
+    np.testing.assert_array_equal(mine, truth)
+
+
+def test_history_band_and_what_it_refuses(smoke_bank):
+    curves = load_curves(smoke_bank, "id", "test")
+    predictor = HistoryPredictor(curves, neighbours=3, window=20)
+    rows, lengths = np.arange(len(curves)), np.full(len(curves), 30)
+    eps = curves.avg[rows, 120]
+    horizon = np.full(len(curves), 250.0)
+    band = predictor.replay_remaining(curves, rows, lengths, eps, horizon, optimistic=0.0)
+    assert band.shape == (len(curves), 2)
+    # The fastest of 3 neighbours comes no later than their median; inf only where the median is out of reach.
+    assert np.where(np.isinf(band[:, 1]), band[:, 0] == horizon, band[:, 1] <= band[:, 0]).all()
+    assert np.isfinite(band[:, 1]).any()
+    unreachable = predictor.replay_remaining(curves, rows, lengths, np.full(len(curves), 1e-9), horizon,
+                                             optimistic=0.0)
+    assert (unreachable[:, 0] == horizon).all() and np.isinf(unreachable[:, 1]).all()
+    hist = HistoryBatch.from_curves(curves.avg[:2], np.array([30, 30]), curves.batch_size[:2], curves.lr[:2])
+    with pytest.raises(ValueError, match="job kind"):
+        predictor.remaining_batches(hist, eps[:2], horizon[:2])  # a bare prefix carries no kind
+    stranger = dataclasses.replace(hist, kind=np.array(["mystery_family"] * 2))
+    with pytest.raises(ValueError, match="mystery_family"):
+        predictor.remaining_batches(stranger, eps[:2], horizon[:2])
+
+
+def test_history_spec_loads_a_bank_file_and_its_digest_follows_the_file(smoke_bank, tmp_path):
+    frame = load_bank(smoke_bank)
+    path = save_bank(frame[frame["task_set"] == "id"], tmp_path / "history.parquet")
+    predictor = make_predictor(f"history:{path}")
+    assert isinstance(predictor, HistoryPredictor) and len(predictor.pool) == (frame["task_set"] == "id").sum()
+    before = predictor_digest(f"history:{path}")
+    save_bank(frame[frame["split"] == "train"], path)
+    assert predictor_digest(f"history:{path}") != before
+    with pytest.raises(FileNotFoundError, match="mara curves --history"):
+        make_predictor(f"history:{tmp_path / 'missing.parquet'}")
+
+
+def test_the_history_bank_must_be_other_runs_than_the_main_banks(tmp_path):
+    profile = tmp_path / "p.toml"
+    profile.write_text("[bank]\nseed = 3\n[history_bank]\nseed = 3\n")
+    with pytest.raises(ConfigError, match="seed 3 is the main bank's"):
+        bank_spec(Profile.load(profile), "history")
+    assert ensure_history_bank(Profile.load("paper")) is None  # no [history_bank]: no history methods

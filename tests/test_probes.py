@@ -104,13 +104,13 @@ def test_planning_probe(smoke_bank, fm_dir, tmp_path):
 
 
 def test_history_probe(smoke_bank, fm_dir, tmp_path):
+    """Builds the smoke profile's history bank on first use, then compares settings on ID val."""
     path = run("history_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
                "--settings", "5:20,10:all", "--fm", str(fm_dir))
-    val, test = tables(path)
+    [val] = tables(path)
     assert [row[:2] for row in val] == [["5", "20"], ["10", "all"]]
     assert all(0 <= percent(row[2]) for row in val)
-    assert [row[0] for row in test] == ["id", "rl_ood", "vit_ood"]
-    assert all(len(row) == 7 and all(0 <= percent(c) for c in row[1:]) for row in test)
+    assert "Best on validation: k = " in path.read_text()
 
 
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):

@@ -172,6 +172,13 @@ def test_flags_come_from_the_config_and_name_the_run_folder() -> None:
     assert run_name(SMOKE, cfg) == "smoke-wls-seed2"
     cfg = scheduler_config(SMOKE, imitation_teacher="lara", imitation_dagger_rounds=2, beta=0.0)
     assert run_name(SMOKE, cfg) == "smoke-beta0-lara-dagger2-seed0"
+    # The history predictor trains on the profile's history bank (built on first use); a profile
+    # without one is refused by name.
+    cfg = scheduler_config(SMOKE, predictor="history")
+    assert run_name(SMOKE, cfg) == "smoke-history-seed0"
+    assert cfg.predictor_spec() == f"history:{SMOKE.paths.history_bank.resolve()}" and cfg.fm_path == ""
+    with pytest.raises(ConfigError, match="'paper' has no \\[history_bank\\]"):
+        scheduler_config(Profile.load("paper"), predictor="history")
     with pytest.raises(SystemExit):  # argparse names the choices
         parse("--imitation-teacher", "coin")
     with pytest.raises(ConfigError, match="imitation_teacher must be one of"):

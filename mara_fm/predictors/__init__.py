@@ -5,19 +5,21 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from mara_fm.bank import bank_digest
 from mara_fm.predictors.base import WARMUP_POINTS, HistoryBatch, Predictor
 from mara_fm.predictors.fm import CONFIG_FILE, WEIGHTS_FILE, FMPredictor
+from mara_fm.predictors.history import HistoryPredictor
 from mara_fm.predictors.oracle import OraclePredictor, first_crossing
 from mara_fm.predictors.wls import WLSPredictor
 
 __all__ = [
-    "WARMUP_POINTS", "FMPredictor", "HistoryBatch", "Predictor", "OraclePredictor", "WLSPredictor",
+    "WARMUP_POINTS", "FMPredictor", "HistoryBatch", "HistoryPredictor", "Predictor", "OraclePredictor", "WLSPredictor",
     "first_crossing", "make_predictor", "predictor_digest",
 ]
 
 
 def make_predictor(spec: str | Predictor) -> Predictor:
-    """`wls`, `oracle`, or `fm:<path to an exported FM predictor>`."""
+    """`wls`, `oracle`, `fm:<path to an exported FM predictor>` or `history:<path to a history bank>`."""
     if isinstance(spec, Predictor):
         return spec
     if spec == "wls":
@@ -26,13 +28,18 @@ def make_predictor(spec: str | Predictor) -> Predictor:
         return OraclePredictor()
     if spec.startswith("fm:"):
         return FMPredictor.load(spec[3:])
-    raise ValueError(f"unknown predictor {spec!r}: use 'wls', 'oracle' or 'fm:<path>'")
+    if spec.startswith("history:"):
+        return HistoryPredictor.load(spec[8:])
+    raise ValueError(f"unknown predictor {spec!r}: use 'wls', 'oracle', 'fm:<path>' or 'history:<path>'")
 
 
 def predictor_digest(spec: str) -> str:
     """A content hash of the predictor `spec` names: its files for `fm:<path>`, the
-    name for the built-in ones. Whatever was trained with a predictor can check that
-    the files at that path are still the ones it saw (retraining writes the same path)."""
+    name for the built-in ones, the pool's bank for `history:<path>`. Whatever was trained with
+    a predictor can check that the files at that path are still the ones it saw (retraining
+    writes the same path)."""
+    if spec.startswith("history:"):
+        return bank_digest(spec[8:])
     if not spec.startswith("fm:"):
         return spec
     digest = hashlib.sha256()

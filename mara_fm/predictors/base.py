@@ -24,7 +24,8 @@ class HistoryBatch:
     `avg[b, i]` is the cumulative-average loss after i+1 batches for
     i < lengths[b] and NaN beyond; point i sits at s = (i+1)·batch_size[b]
     samples. `future` holds the whole true curve and is read by the oracle
-    only; learned predictors never see it.
+    only; learned predictors never see it. `kind` names each task's job kind,
+    which only the history predictor reads (a cluster that knows its jobs).
     """
 
     avg: np.ndarray  # (B, L) float64, NaN-padded
@@ -32,6 +33,7 @@ class HistoryBatch:
     batch_size: np.ndarray  # (B,) int64
     lr: np.ndarray  # (B,) float64
     future: np.ndarray | None = None  # (B, cap) true cumulative averages
+    kind: np.ndarray | None = None  # (B,) each task's job kind (its family); read by the history predictor only
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -141,4 +143,5 @@ def _take(hist: HistoryBatch, mask: np.ndarray) -> HistoryBatch:
     return HistoryBatch(
         hist.avg[mask], hist.lengths[mask], hist.batch_size[mask], hist.lr[mask],
         None if hist.future is None else hist.future[mask],
+        None if hist.kind is None else hist.kind[mask],
     )

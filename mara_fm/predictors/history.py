@@ -1,0 +1,103 @@
+"""History: remaining demand read off earlier finished runs of the same job kind (docs/design.md §5.5).
+
+A cluster usually knows what kind of job a task is and keeps the loss curves
+of earlier runs of that kind; FM sees neither. This predictor answers from
+them: the k finished runs of the task's kind whose log loss over its
+observed points (or the last `window` of them) lies closest to the task's,
+each shifted to the task's current level. The estimate is the median of their crossings of ε,
+the optimistic answer their q-quantile (a run that never gets there counts
+as never), the same band as FM's.
+
+It changes the problem (it needs each task's kind and a store of finished
+runs), so it is a predictor of its own with methods of their own, never the
+paper's setting. Its pool is a bank file of fresh runs (`[history_bank]`,
+another seed root than the main bank's), so it holds no curve the evaluation
+scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from mara_fm.bank import CurveSet, curve_set, load_bank
+from mara_fm.predictors.base import HistoryBatch, Predictor
+from mara_fm.predictors.oracle import first_crossing
+
+# Chosen on ID validation episodes (experiments/probes/history_probe.py; docs/decisions.md, "Predictor").
+NEIGHBOURS = 10
+WINDOW: int | None = None  # None: the whole observed prefix
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(path: str, mtime: float) -> CurveSet:
+    return curve_set(load_bank(path))
+
+
+def history_pool(path: str | Path) -> CurveSet:
+    """Every run of a history bank file (cached per file version)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: history bank not found (build it with `mara curves --history`)")
+    return _pool(str(path), path.stat().st_mtime)
+
+
+class HistoryPredictor(Predictor):
+    """Remaining batches from the nearest finished runs of the task's own job kind."""
+
+    name = "history"
+
+    def __init__(self, pool: CurveSet, neighbours: int = NEIGHBOURS, window: int | None = WINDOW) -> None:
+        if neighbours < 1 or (window is not None and window < 1):
+            raise ValueError(f"history predictor: neighbours and window must be ≥ 1, got {neighbours}, {window}")
+        self.pool, self.neighbours, self.window = pool, neighbours, window
+        self.members = {kind: np.flatnonzero(pool.families == kind) for kind in pool.family_names()}
+
+    @classmethod
+    def load(cls, path: str | Path, **settings: int | None) -> HistoryPredictor:
+        return cls(history_pool(path), **settings)
+
+    def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray, eps: np.ndarray,
+                         horizon: np.ndarray, optimistic: float | None = None) -> np.ndarray:
+        """The simulator's question, with each task's kind (its curve's family) attached."""
+        hist = HistoryBatch.from_curves(source.avg[rows], lengths, source.batch_size[rows], source.lr[rows])
+        hist = dataclasses.replace(hist, future=None, kind=source.families[rows])
+        return self.remaining_batches(hist, eps, horizon, optimistic)
+
+    def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        return self._bands(hist, eps, None)[:, 0]
+
+    def _predict_band(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
+                      quantile: float) -> np.ndarray:
+        return self._bands(hist, eps, quantile)
+
+    def _bands(self, hist: HistoryBatch, eps: np.ndarray, quantile: float | None) -> np.ndarray:
+        """(B, 2): the median of the neighbours' remaining batches and their `quantile` (the
+        median again without one)."""
+        if hist.kind is None:
+            raise ValueError("the history predictor needs each task's job kind (HistoryBatch.kind)")
+        logs = hist.log_prefix()
+        return np.array([self._band(str(kind), logs[b, :n], float(e), quantile)
+                         for b, (kind, n, e) in enumerate(zip(hist.kind, hist.lengths, eps, strict=True))])
+
+    def _band(self, kind: str, mine: np.ndarray, eps: float, quantile: float | None) -> tuple[float, float]:
+        members = self.members.get(kind)
+        if members is None:
+            raise ValueError(f"no finished run of job kind {kind!r} in the history pool "
+                             f"(it has {sorted(self.members)})")
+        n = len(mine)
+        if n > self.pool.cap:
+            raise ValueError(f"a prefix of {n} points is longer than the history pool's runs ({self.pool.cap})")
+        start = 0 if self.window is None else max(0, n - self.window)
+        theirs = self.pool.log_avg[members]
+        shift = mine[-1] - theirs[:, n - 1]  # each run moved to the task's current level
+        distance = np.mean((theirs[:, start:n] + shift[:, None] - mine[start:]) ** 2, axis=1)
+        near = np.argsort(distance, kind="stable")[: self.neighbours]
+        shifted = np.exp(theirs[near] + shift[near, None])
+        k = len(near)
+        crossing = np.sort(first_crossing(shifted, np.full(k, n), np.full(k, eps), np.full(k, np.inf)))
+        median = float(np.median(crossing))
+        return median, median if quantile is None else float(crossing[round(quantile * (k - 1))])
