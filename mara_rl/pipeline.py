@@ -1,7 +1,7 @@
 """`mara reproduce` and `mara report`: the whole protocol of docs/design.md §8.
 
-`reproduce` runs bank → FM predictor (+ its evaluation) → schedulers (MARA,
-MARA-WLS and sparse, per seed of `[evaluation] scheduler_seeds`) →
+`reproduce` runs bank → FM predictor (+ its evaluation) → schedulers (each
+variant of `[evaluation] variants`, per seed of `scheduler_seeds`) →
 evaluation of every method (3 task sets at the main load, the stress
 scenario, the load sweep) → report. Each stage is skipped when its output
 file exists and is newer than the files it was made from (as `make` does),
