@@ -54,7 +54,8 @@ class HistoryPredictor(Predictor):
         if neighbours < 1 or (window is not None and window < 1):
             raise ValueError(f"history predictor: neighbours and window must be ≥ 1, got {neighbours}, {window}")
         self.pool, self.neighbours, self.window = pool, neighbours, window
-        self.members = {kind: np.flatnonzero(pool.families == kind) for kind in pool.family_names()}
+        # Each kind's log curves, taken out of the pool once rather than at every query.
+        self.runs = {kind: pool.log_avg[pool.families == kind] for kind in pool.family_names()}
 
     @classmethod
     def load(cls, path: str | Path, **settings: int | None) -> HistoryPredictor:
@@ -84,15 +85,14 @@ class HistoryPredictor(Predictor):
                          for b, (kind, n, e) in enumerate(zip(hist.kind, hist.lengths, eps, strict=True))])
 
     def _band(self, kind: str, mine: np.ndarray, eps: float, quantile: float | None) -> tuple[float, float]:
-        members = self.members.get(kind)
-        if members is None:
+        theirs = self.runs.get(kind)
+        if theirs is None:
             raise ValueError(f"no finished run of job kind {kind!r} in the history pool "
-                             f"(it has {sorted(self.members)})")
+                             f"(it has {sorted(self.runs)})")
         n = len(mine)
         if n > self.pool.cap:
             raise ValueError(f"a prefix of {n} points is longer than the history pool's runs ({self.pool.cap})")
         start = 0 if self.window is None else max(0, n - self.window)
-        theirs = self.pool.log_avg[members]
         shift = mine[-1] - theirs[:, n - 1]  # each run moved to the task's current level
         distance = np.mean((theirs[:, start:n] + shift[:, None] - mine[start:]) ** 2, axis=1)
         near = np.argsort(distance, kind="stable")[: self.neighbours]
