@@ -135,7 +135,7 @@ def compare(ref: Scores, other: Scores, cfg: BootstrapConfig) -> dict[str, Any]:
 def best_rule(rows: dict[str, Scores], comps: dict[str, dict], reference: str | None) -> dict[str, Any] | None:
     """reference − the evaluated hand-written rule with the highest mean success in this scope
     (`comps`: the scope's comparisons with the reference; None where there is no such rule)."""
-    rules = [m for m in rule_names() if m in rows and m in comps and m != reference]
+    rules = [m for m in rule_names(reference) if m in rows and m in comps and m != reference]
     if not rules:
         return None
     best = max(rules, key=lambda m: rows[m].summary()["mean"])  # ties: the registry's order
@@ -189,7 +189,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
     sweep_comps = {f"{p:g}": comparisons(rows) for p, rows in sweep.items()}
     by_col = {col: best_rule(main[col], main_comps[col], reference) for col in main}
     by_load = {f"{p:g}": best_rule(sweep[p], sweep_comps[f"{p:g}"], reference) for p in loads}
-    vs_best_rule = {"rules": [m for m in rule_names() if m in methods and m != reference],
+    vs_best_rule = {"rules": [m for m in rule_names(reference) if m in methods and m != reference],
                     "table2": {col: c for col, c in by_col.items() if c},
                     "load_sweep": {p: c for p, c in by_load.items() if c},
                     "stress": best_rule(stress, stress_comps, reference)}  # None where not evaluated
@@ -333,7 +333,11 @@ def best_rule_section(report: dict[str, Any]) -> str:
     if not scoped:
         out.append("Not available: no hand-written rule was evaluated beside the reference.\n")
         return "\n".join(out)
-    out.append(f"Rules: the hand-written, observation-only methods evaluated ({', '.join(rule['rules'])}). "
+    told = any(SPECS[m].kind == "history" for m in rule["rules"] if m in SPECS)
+    knows = (f"the hand-written methods evaluated that know what {ref} knows, the observation-only "
+             f"rules and, since {ref} is told job kinds, those told them too"
+             if told else "the hand-written, observation-only methods evaluated")
+    out.append(f"Rules: {knows} ({', '.join(rule['rules'])}). "
                f"In each scope the rule compared is the one with the highest mean success there, so "
                f"this is the hardest of the comparisons with a rule. Scopes: each task set and their "
                f"mean at p = {report['main_load']:g}, each load of the sweep (on "
@@ -374,7 +378,8 @@ def render(report: dict[str, Any], profile: str) -> str:
     told_kinds = [m for m in t2["rows"] if m in SPECS and SPECS[m].kind == "history"]
     out.append("Mean ± sample std over seed × root combinations; `mean` weighs the task sets equally."
                + (f" {', '.join(told_kinds)}: told each task's job kind and reading earlier runs of it "
-                  "(docs/design.md §5.5), so shown beside the rules and not counted among them."
+                  "(docs/design.md §5.5), so counted among the rules only against a learned variant told "
+                  "job kinds too."
                   if told_kinds else "") + "\n")
     out.append(table(["method", *t2["columns"]],
                      [[m, *(mean_pm_std(cells[c]) if c in cells else "–" for c in t2["columns"])]

@@ -248,6 +248,22 @@ def test_the_learned_policy_is_compared_with_the_best_rule_of_each_scope(best_ru
     assert not oracle["met"] and oracle["evidence"].startswith(f"{100 * (0.9 - np.mean([0.56, 0.66, 0.76])):.2f} [")
 
 
+def test_a_variant_told_job_kinds_is_measured_against_the_rules_told_them_too() -> None:
+    """mara_history's best rule includes the history rules (here the best one); mara's does not."""
+    records = []
+    for task_set in TASK_SETS:
+        records += [synthetic("edf", task_set, 0.4), synthetic("lara_history_optimistic", task_set, 0.6)]
+        records += [synthetic(m, task_set, 0.62 + 0.01 * s, seed=s) for m in ("mara", "mara_history")
+                    for s in (0, 1)]
+    told = build(records, ReportConfig(reference="mara_history"))
+    assert told["vs_best_rule"]["rules"] == ["edf", "lara_history_optimistic"]
+    assert told["vs_best_rule"]["table2"][MEAN]["rule"] == "lara_history_optimistic"
+    assert "those told them too (edf, lara_history_optimistic)" in render(told, "synthetic")
+    blind = build(records, ReportConfig(reference="mara"))
+    assert blind["vs_best_rule"]["rules"] == ["edf"]
+    assert blind["vs_best_rule"]["table2"][MEAN]["rule"] == "edf"
+
+
 def test_the_best_rule_section_comes_first(best_rule_report: dict, written: Path) -> None:
     for md in (render(best_rule_report, "synthetic"), (written / "report.md").read_text()):
         headings = [line for line in md.splitlines() if line.startswith("## ")]
