@@ -4,8 +4,8 @@ PROFILE ?= default
 VENV    := .venv
 PY      := $(VENV)/bin/python
 MARA    := $(VENV)/bin/mara
-# A profile with `stage_one_from = "<name>"` shares that profile's bank and predictor.
-STAGE_ONE := $(or $(shell sed -n 's/^stage_one_from *= *"\(.*\)"/\1/p' experiments/profiles/$(PROFILE).toml 2>/dev/null),$(PROFILE))
+# A profile with `extends = "<name>"` shares that profile's banks and predictor.
+STAGE_ONE := $(or $(shell sed -n 's/^extends *= *"\(.*\)"/\1/p' experiments/profiles/$(PROFILE).toml 2>/dev/null),$(PROFILE))
 BANK    := data/banks/$(STAGE_ONE).parquet
 WIDE_BANK := data/banks/$(STAGE_ONE)-wide.parquet
 HISTORY_BANK := data/banks/$(STAGE_ONE)-history.parquet

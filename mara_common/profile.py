@@ -21,9 +21,19 @@ T = TypeVar("T")
 # Every section a profile may have; each is read by one stage's config class.
 SECTIONS = ("bank", "wide_bank", "history_bank", "predictor", "env", "evaluation", "scheduler", "report", "live")
 STAGE_ONE = ("bank", "wide_bank", "history_bank", "predictor")
-# A top-level key: `stage_one_from = "default"` makes a profile share that profile's bank and
-# predictor (their files and their sections), so a scheduler setting needs no stage one of its own.
-SHARED_STAGE_ONE = "stage_one_from"
+# A top-level key: `extends = "default"` makes a profile that profile with changes. It shares its
+# banks and predictor (files and sections: no stage one of its own), and takes every other section
+# from it key by key (tables merged), so it writes down only what differs.
+EXTENDS = "extends"
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` applied key by key; a table changed in part keeps its other keys."""
+    out = dict(base)
+    for key, value in changes.items():
+        both_tables = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = merged(base[key], value) if both_tables else value
+    return out
 
 
 def profile_path(profile: str | Path) -> Path:
@@ -44,31 +54,40 @@ class Profile:
     name: str
     path: Path
     sections: dict[str, dict[str, Any]] = field(repr=False)
-    stage_one: Profile | None = None  # the profile whose bank and predictor this one shares
+    stage_one: Profile | None = None  # the profile it extends, whose banks and predictor it shares
 
     @classmethod
-    def load(cls, profile: str | Path | Profile) -> Profile:
+    def load(cls, profile: str | Path | Profile, _extended_by: tuple[Path, ...] = ()) -> Profile:
         if isinstance(profile, Profile):
             return profile
         path = profile_path(profile)
+        if path.resolve() in _extended_by:
+            raise ConfigError(f"{_extended_by[0]}: profiles extend each other in a loop")
         try:
             with path.open("rb") as fh:
                 sections = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-        shared = sections.pop(SHARED_STAGE_ONE, None)
-        if shared is not None and not isinstance(shared, str):
-            raise ConfigError(f"{path}: {SHARED_STAGE_ONE} should name a profile, got {shared!r}")
-        if shared is not None and set(STAGE_ONE) & set(sections):
-            raise ConfigError(f"{path}: a profile with {SHARED_STAGE_ONE} takes [bank] and [predictor] from "
-                              f"{shared!r}; remove its own {sorted(set(STAGE_ONE) & set(sections))}")
+        base = sections.pop(EXTENDS, None)
+        if base is not None and not isinstance(base, str):
+            raise ConfigError(f"{path}: {EXTENDS} should name a profile, got {base!r}")
+        if base is not None and set(STAGE_ONE) & set(sections):
+            raise ConfigError(f"{path}: a profile that {EXTENDS} another takes [bank] and [predictor] from "
+                              f"{base!r}; remove its own {sorted(set(STAGE_ONE) & set(sections))}")
         unknown = sorted(set(sections) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{path}: unknown section(s) {unknown}; known: {list(SECTIONS)}")
         bad = [name for name, body in sections.items() if not isinstance(body, dict)]
         if bad:
             raise ConfigError(f"{path}: {bad} should be [sections], not plain keys")
-        return cls(path.stem, path, sections, cls.load(shared) if shared else None)
+        if base is None:
+            return cls(path.stem, path, sections)
+        parent = cls.load(base, (*_extended_by, path.resolve()))
+        if parent.stage_one is not None:  # one level, as the Makefile reads it
+            raise ConfigError(f"{path}: {EXTENDS} {base!r}, which itself {EXTENDS} "
+                              f"{parent.stage_one.name!r}; extend a profile with a stage one of its own")
+        inherited = {name: body for name, body in parent.sections.items() if name not in STAGE_ONE}
+        return cls(path.stem, path, merged(inherited, sections), parent)
 
     @property
     def paths(self) -> ProjectPaths:

@@ -11,6 +11,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_common.config import ConfigError
+from mara_common.paths import PROFILE_DIR
 from mara_common.profile import Profile
 from mara_env.cluster import ClusterConfig, node_batches, steps_alone
 from mara_env.env import EnvConfig, MultiNodeEnv, make_spaces, sample_episodes
@@ -222,11 +223,31 @@ def test_a_profile_can_share_another_profiles_stage_one(tmp_path) -> None:
     assert shared.section(ReportConfig, "report").target_margin_rule == 0.03  # the issue's cluster target
     assert default.section(ReportConfig, "report") == ReportConfig()
     own_bank = tmp_path / "own.toml"
-    own_bank.write_text('stage_one_from = "default"\n[bank]\nseed = 1\n')
+    own_bank.write_text('extends = "default"\n[bank]\nseed = 1\n')
     with pytest.raises(ConfigError, match=r"takes \[bank\] and \[predictor\] from 'default'"):
         Profile.load(own_bank)
     with pytest.raises(ConfigError, match="variants"):
         EvalConfig(variants=("mara", "no_such_variant"))
+
+
+def test_a_profile_that_extends_another_writes_down_only_what_differs(tmp_path) -> None:
+    """Sections come from the base key by key (tables merged); chains and loops are refused."""
+    child = tmp_path / "child.toml"
+    child.write_text(f'extends = "{PROFILE_DIR / "smoke.toml"}"\n[scheduler]\niterations = 3\n'
+                     '[scheduler.mat]\nwork_conserving = false\n')
+    profile, smoke = Profile.load(child), Profile.load("smoke")
+    assert profile.values("scheduler") == {**smoke.values("scheduler"), "iterations": 3,
+                                           "mat": {**smoke.values("scheduler")["mat"], "work_conserving": False}}
+    assert profile.values("env") == smoke.values("env") and profile.values("bank") == smoke.values("bank")
+    assert profile.paths.bank == smoke.paths.bank and profile.paths.report != smoke.paths.report
+    grandchild = tmp_path / "grandchild.toml"
+    grandchild.write_text(f'extends = "{child}"\n')
+    with pytest.raises(ConfigError, match="which itself extends"):
+        Profile.load(grandchild)
+    (tmp_path / "a.toml").write_text(f'extends = "{tmp_path / "b.toml"}"\n')
+    (tmp_path / "b.toml").write_text(f'extends = "{tmp_path / "a.toml"}"\n')
+    with pytest.raises(ConfigError, match="in a loop"):
+        Profile.load(tmp_path / "a.toml")
 
 
 def test_evaluation_on_the_cluster_counts_slack_on_the_fastest_node(smoke_bank) -> None:
