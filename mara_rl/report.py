@@ -14,8 +14,9 @@ inside their own task set, and the "mean" column averages the task sets with
 equal weight in every resample.
 
 The first comparison is the learned policy's own contribution: the reference
-against the best hand-written rule (the registry's `rule` methods), the best
-being chosen in each scope as the rule with the highest mean success there.
+against the best hand-written rule (the registry's `rule` methods; for a variant
+told job kinds, its `history` methods too), the best being chosen in each scope
+as the rule with the highest mean success there.
 """
 
 from __future__ import annotations
