@@ -35,6 +35,7 @@ from mara_env.workload import (
 )
 from mara_fm.bank import SPLITS, CurveSet, load_bank, select
 from mara_fm.predictors import WARMUP_POINTS, Predictor, make_predictor
+from mara_fm.predictors.oracle import first_crossing
 
 DEFAULT_BANK = ProjectPaths("default").bank
 
@@ -44,13 +45,23 @@ HELD_COUNTS = ("successes", "expirations", "rejections")
 BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-up fraction
 # The EnvConfig options that add slot features or change when allocators decide: a policy runs
 # in an env with the values it was trained with, and each evaluated method names its own.
-VIEW_OPTIONS = ("optimistic_quantile", "probe_points", "decision_interval")
+VIEW_OPTIONS = ("optimistic_quantile", "probe_points", "decision_interval", "trend_window")
 # With `EnvConfig.cluster` enabled: per slot, the restore cost r_k and the restore steps left
 # (each / restore_hi) and the speed of the node that served it at the last step (/ the fastest;
 # 0: none), so every node can see which tasks another node holds; per node, its speed / the
 # fastest speed and whether it is restoring.
 CLUSTER_SLOT_FEATURES = 3
 NODE_FEATURES = 2
+# With `EnvConfig.trend_window`: per slot, the task's progress q (docs/design.md §4) and the
+# progress it would reach by its deadline if its recent trend held (/ 2, capped at 1).
+TREND_SLOT_FEATURES = 2
+# With `EnvConfig.critic_features` (training only): per slot, the task's true remaining
+# batches / cap and whether the fastest node could still finish it by its deadline; globally,
+# the true demand arriving in the next 25, 50, 100 and 200 steps and that of the waiting queue,
+# each in node-steps of the window (/ N·W; the queue's over 100 steps), capped at 1.
+CRITIC_SLOT_FEATURES = 2
+CRITIC_WINDOWS = (25, 50, 100, 200)
+CRITIC_GLOBALS = len(CRITIC_WINDOWS) + 1
 
 
 @dataclass
@@ -93,8 +104,21 @@ class EnvConfig:
     # decision every step, as in the paper.
     decision_interval: int | None = setting(None, ge=1,
                                             help="hold each joint action up to N steps, until an event")
+    # An addition to the paper (docs/design.md §3, Observation): two more slot features read off
+    # the task's own loss prefix, which no rule reads: its progress q toward ε in log-loss, and
+    # where q would stand at the deadline if the slope of q over the last W observations held
+    # (every remaining step served, on the fastest node). A forecast that calls a flat curve
+    # reachable, or a falling one hopeless, can be told apart from one its trend agrees with.
+    trend_window: int | None = setting(None, ge=2, help="show each task's progress and its trend over "
+                                       "the last W observations projected to the deadline")
     # Node speeds and restore costs (docs/design.md §10; `mara_env.cluster`). Off by default.
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # An addition to the paper (docs/design.md §7, "Privileged critic"): the observation also carries what the
+    # simulator knows and no scheduler may, `critic_slots` and `critic_globals` (each task's
+    # true remaining demand, the demand still to arrive), for a value function that reads
+    # them in training. The policy never reads them; a live run cannot show them.
+    critic_features: bool = setting(False, help="also show the value function the true demand "
+                                    "of every task and of the arrivals to come (training only)")
 
     def __post_init__(self) -> None:
         """Every count, share and range checked here, naming the field (ConfigError, a ValueError);
@@ -122,7 +146,7 @@ class EnvConfig:
     @property
     def slot_features(self) -> int:
         return (BASE_SLOT_FEATURES + (self.optimistic_quantile is not None) + (self.probe_points is not None)
-                + CLUSTER_SLOT_FEATURES * self.cluster.enabled)
+                + CLUSTER_SLOT_FEATURES * self.cluster.enabled + TREND_SLOT_FEATURES * (self.trend_window is not None))
 
     @property
     def fastest(self) -> float:
@@ -133,6 +157,11 @@ class EnvConfig:
     def node_features(self) -> int:
         """Per-node observation features (0: the observation has no node part)."""
         return NODE_FEATURES * self.cluster.enabled
+
+    def spaces(self) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
+        """This config's observation and action spaces."""
+        return make_spaces(self.n_nodes, self.n_slots, self.slot_features, self.node_features,
+                           self.critic_features)
 
 
 @functools.lru_cache(maxsize=16)
@@ -149,10 +178,11 @@ def load_curves(bank: str | Path, task_set: str, split: str) -> CurveSet:
 
 
 def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATURES, node_features: int = 0,
-                ) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
+                critic: bool = False) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
     """Observation and action spaces of an env with N nodes, K slots and F features per slot;
     with node features, also `nodes` (N, F_node) and `node_last` (N,): the slot each node
-    served at the last step, as an action (0: none, or that task has left)."""
+    served at the last step, as an action (0: none, or that task has left); with `critic`,
+    also `critic_slots` (K, 2) and `critic_globals` (5,)."""
     parts = {
         "slots": spaces.Box(0.0, 1.0, (n_slots, slot_features), np.float32),
         "globals": spaces.Box(0.0, 1.0, (4,), np.float32),
@@ -161,6 +191,9 @@ def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATU
     if node_features:
         parts["nodes"] = spaces.Box(0.0, 1.0, (n_nodes, node_features), np.float32)
         parts["node_last"] = spaces.Box(0, n_slots, (n_nodes,), np.int64)
+    if critic:
+        parts["critic_slots"] = spaces.Box(0.0, 1.0, (n_slots, CRITIC_SLOT_FEATURES), np.float32)
+        parts["critic_globals"] = spaces.Box(0.0, 1.0, (CRITIC_GLOBALS,), np.float32)
     return spaces.Dict(parts), spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
 
 
@@ -203,8 +236,7 @@ class MultiNodeEnv(gym.Env):
                           if wl.threshold_source == "family" else None)
         self.predictor = make_predictor(config.predictor)
         self.cap = self.curves.cap
-        self.observation_space, self.action_space = make_spaces(config.n_nodes, config.n_slots,
-                                                                config.slot_features, config.node_features)
+        self.observation_space, self.action_space = config.spaces()
         self.speeds = config.cluster.speeds(config.n_nodes)
         self.relative_speeds = self.speeds / self.speeds.max()  # as the observation shows them
         self.episode: Episode | None = None
@@ -234,6 +266,8 @@ class MultiNodeEnv(gym.Env):
         if np.any(self.deadline - self.arrival > self.cap):
             raise ValueError(f"a task window exceeds the curve cap {self.cap}")
         self.eps = episode.eps
+        if self.cfg.critic_features:
+            self._plan_critic_view()
         self.log_first = self.task_log_avg[:, 0]
         self.q_scale, self.q_offset = progress_terms(self.log_first, np.log(self.eps))
         self.n_obs = np.zeros(m, np.int64)
@@ -242,8 +276,10 @@ class MultiNodeEnv(gym.Env):
         self.pred_low = np.full(m, float(self.cap))  # the optimistic estimate, if the env shows one
         self.ready_step = np.full(m, -1, np.int64)
         self.q = np.zeros(m)  # progress q_k, 0 until the first observation
+        self.trend = np.zeros(m)  # slope of q per batch over the last `trend_window` observations
         # Per-task slot features; only a served task's change, plus the clock (column 2).
-        own = self.cfg.slot_features - CLUSTER_SLOT_FEATURES * self.cfg.cluster.enabled  # the rest: observation()
+        own = (self.cfg.slot_features - CLUSTER_SLOT_FEATURES * self.cfg.cluster.enabled  # the rest: observation()
+               - TREND_SLOT_FEATURES * (self.cfg.trend_window is not None))
         self.task_feat = np.zeros((m, own), np.float32)
         self.task_feat[:, 0] = 1.0
         self.task_feat[:, 1] = 1.0  # the remaining cap, normalised
@@ -272,6 +308,32 @@ class MultiNodeEnv(gym.Env):
         self.stale = np.zeros(0, np.int64)
         self.event = False
         return self.observation(), self._step_info(0, 0, rejected, 0)
+
+    def _plan_critic_view(self) -> None:
+        """What `critic_features` shows, fixed per episode: each task's true demand from its
+        first batch (the cap when it never reaches ε) and the demand arriving by each step."""
+        m = len(self.arrival)
+        self.true_demand = first_crossing(self.task_avg, np.zeros(m, np.int64), self.eps,
+                                          np.full(m, float(self.cap)))
+        self.reaches = (self.task_avg <= self.eps[:, None]).any(1)
+        arriving = np.bincount(self.arrival, weights=self.true_demand, minlength=self.cfg.horizon + 1)
+        self.demand_by_step = np.concatenate([[0.0], np.cumsum(arriving)])  # [s]: arrivals before step s
+
+    def critic_view(self) -> dict[str, np.ndarray]:
+        """`critic_slots` and `critic_globals` (`EnvConfig.critic_features`) as they stand now."""
+        k, n, t = self.cfg.n_slots, self.cfg.n_nodes, self.t
+        mask = self.slot_task >= 0
+        tasks = self.slot_task[mask]
+        left = self.true_demand[tasks] - self.n_obs[tasks]
+        slots = np.zeros((k, CRITIC_SLOT_FEATURES), np.float32)
+        slots[mask, 0] = np.minimum(left / self.cap, 1.0)
+        slots[mask, 1] = self.reaches[tasks] & (left <= self.cfg.fastest * (self.deadline[tasks] - t))
+        last = len(self.demand_by_step) - 1
+        ahead = [(self.demand_by_step[min(t + 1 + w, last)] - self.demand_by_step[min(t + 1, last)]) / (n * w)
+                 for w in CRITIC_WINDOWS]
+        waiting = self.true_demand[list(self.queue)].sum() / (n * 100) if self.queue else 0.0
+        glob = np.minimum(np.array([*ahead, waiting], np.float32), 1.0)
+        return {"critic_slots": slots, "critic_globals": glob}
 
     def clone(self) -> MultiNodeEnv:
         """An independent copy of this env as it stands mid-episode, to play a rollout from; it
@@ -360,6 +422,10 @@ class MultiNodeEnv(gym.Env):
             latest = (served, np.maximum(n - 1, 0))
             q = (self.log_first[served] - self.task_log_avg[latest]) * self.q_scale[served] + self.q_offset[served]
             self.q[served] = np.minimum(np.maximum(q, 0.0), 1.0)
+            if self.cfg.trend_window is not None:
+                back = np.maximum(n - 1 - self.cfg.trend_window, 0)
+                earlier = (self.log_first[served] - self.task_log_avg[served, back]) * self.q_scale[served]
+                self.trend[served] = (q - self.q_offset[served] - earlier) / np.maximum(n - 1 - back, 1)
             succeeded = served[hit]
             self.status[succeeded] = SUCCEEDED
             served = served[n > old]  # a task at its curve's cap reveals nothing new
@@ -518,6 +584,11 @@ class MultiNodeEnv(gym.Env):
             held = np.array([holder_speed.get(k, 0.0) for k in tasks.tolist()], np.float32)
             feat = np.concatenate([feat, np.stack([self.restore_cost[tasks], self.restore_left[tasks]], 1)
                                    .astype(np.float32) / scale, held[:, None]], axis=1)
+        if self.cfg.trend_window is not None:
+            steps = np.minimum(np.maximum(self.deadline[tasks] - self.t, 0) * self.cfg.fastest,
+                               self.cap - self.n_obs[tasks])
+            projected = np.clip(self.q[tasks] + self.trend[tasks] * steps, 0.0, 2.0) / 2
+            feat = np.concatenate([feat, np.stack([self.q[tasks], projected], 1).astype(np.float32)], axis=1)
         slots = np.zeros((k, self.cfg.slot_features), np.float32)
         slots[mask] = feat
         glob = np.array([self.busy / self.cfg.n_nodes, len(tasks) / k,
@@ -530,6 +601,8 @@ class MultiNodeEnv(gym.Env):
             restoring[held] = self.restore_left[self.node_task[held]] > 0
             obs["nodes"] = np.stack([self.relative_speeds, restoring], 1).astype(np.float32)
             obs["node_last"] = self.node_slots() + 1
+        if self.cfg.critic_features:
+            obs.update(self.critic_view())
         return obs
 
     def node_slots(self) -> np.ndarray:

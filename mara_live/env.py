@@ -43,6 +43,8 @@ class LiveEnv(MultiNodeEnv):
         if (config.decision_interval or 1) > 1:
             raise ConfigError("live runs decide every tick: a policy trained with decision_interval "
                               f"{config.decision_interval} (decisions at events) cannot run live")
+        if config.critic_features:
+            raise ConfigError("a live run cannot show the critic's features: they are the jobs' true future")
         super().__init__(config, curves)
         self.trainer = trainer
 

@@ -135,7 +135,8 @@ def _losses(module: MATModule, demos: Demonstrations, rows: torch.Tensor) -> tup
         raise ValueError("the teacher took an action the MAT masks (a taken or empty slot, "
                          "or idle beside a waiting task); it cannot be imitated")
     nll = -(chosen - logits.logsumexp(-1)).sum(-1).mean()
-    value_mse = F.mse_loss(module.compute_values({}, out[Columns.EMBEDDINGS]), demos.returns[rows])
+    values = module.compute_values({Columns.OBS: obs}, out.get(Columns.EMBEDDINGS))
+    value_mse = F.mse_loss(values, demos.returns[rows])
     agreement = (logits.argmax(-1) == actions).float().mean()
     return nll, value_mse, agreement
 

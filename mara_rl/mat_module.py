@@ -14,6 +14,13 @@ per-node features (speed, restoring) and the slot each node served last:
 node i's decoder input adds an embedding of its features and the
 representation of that slot, so a node can tell the task it holds.
 
+With the env's privileged critic features (`EnvConfig.critic_features`: each
+task's true remaining demand and the demand still to arrive) the value comes
+from a critic of its own, an encoder over the slots and those features: what
+the simulator knows then lowers the variance of PPO's advantages (an
+input-driven baseline), and nothing of it reaches the policy, which acts on
+the observation alone (docs/design.md §7, "Privileged critic").
+
 Because the decoder is causal, one teacher-forced pass over a stored joint
 action reproduces exactly the per-node logits the sequential sampling loop
 saw. `_forward_train` returns those logits flattened, and RLlib's
@@ -125,11 +132,35 @@ class _Block(nn.Module):
         return self.norm_mlp(x + self.mlp(x)), (k, v)
 
 
+class _PrivilegedCritic(nn.Module):
+    """The value of a state from the observation plus what only the simulator knows: one
+    encoder over slot tokens (slot features + `critic_slots`) and a global token (globals +
+    `critic_globals`), pooled, then an MLP."""
+
+    def __init__(self, cfg: MATConfig, slot_features: int, global_features: int) -> None:
+        super().__init__()
+        d = cfg.embed_dim
+        self.slot_embed = nn.Sequential(nn.Linear(slot_features, d), nn.GELU())
+        self.global_embed = nn.Sequential(nn.Linear(global_features, d), nn.GELU())
+        self.encoder = nn.ModuleList(_Block(cfg, cross=False) for _ in range(cfg.n_blocks))
+        self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+
+    def forward(self, obs: dict[str, Tensor]) -> Tensor:
+        present = obs["slot_mask"] > 0
+        slots = torch.cat([obs["slots"].float(), obs["critic_slots"].float()], dim=-1)
+        glob = torch.cat([obs["globals"].float(), obs["critic_globals"].float()], dim=-1)
+        tokens = torch.cat([self.global_embed(glob).unsqueeze(1), self.slot_embed(slots)], dim=1)
+        exists = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)
+        for block in self.encoder:
+            tokens = block(tokens, exists.unsqueeze(1))
+        return self.head(MATModule._pool(tokens, exists)).squeeze(-1)
+
+
 class MATModule(TorchRLModule, ValueFunctionAPI):
     """Encoder over slots, autoregressive decoder over nodes, pooled value head.
 
     Observation: Dict(slots (K, F), globals (G,), slot_mask (K,)[, nodes (N, F_node),
-    node_last (N,)]); action: MultiDiscrete([K+1] * N), 0 = idle, j = slot j-1.
+    node_last (N,)][, critic_slots (K, 2), critic_globals (5,)]); action: MultiDiscrete([K+1] * N), 0 = idle, j = slot j-1.
     """
 
     @override(RLModule)
@@ -148,7 +179,11 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
         self.slot_embed = nn.Sequential(nn.Linear(slot_features, d), nn.GELU())
         self.global_embed = nn.Sequential(nn.Linear(obs["globals"].shape[0], d), nn.GELU())
         self.encoder = nn.ModuleList(_Block(self.cfg, cross=False) for _ in range(self.cfg.n_blocks))
-        self.value_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        privileged = "critic_slots" in obs.spaces
+        self.critic = (_PrivilegedCritic(self.cfg, slot_features + obs["critic_slots"].shape[1],
+                                         obs["globals"].shape[0] + obs["critic_globals"].shape[0])
+                       if privileged else None)
+        self.value_head = None if privileged else nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
 
         self.start_token = nn.Parameter(torch.randn(d) * 0.02)
         self.idle_embed = nn.Parameter(torch.randn(d) * 0.02)
@@ -289,11 +324,15 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Tensor]:
         tokens, exists = self._encode(batch[Columns.OBS])
         logits = self._decode(batch[Columns.OBS], tokens, exists, batch[Columns.ACTIONS].long())
-        return {Columns.ACTION_DIST_INPUTS: logits.flatten(1),
-                Columns.EMBEDDINGS: self._pool(tokens, exists)}
+        out = {Columns.ACTION_DIST_INPUTS: logits.flatten(1)}
+        if self.critic is None:  # the value head shares the policy's encoder
+            out[Columns.EMBEDDINGS] = self._pool(tokens, exists)
+        return out
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: Tensor | None = None) -> Tensor:
+        if self.critic is not None:
+            return self.critic(batch[Columns.OBS])
         if embeddings is None:
             embeddings = self._pool(*self._encode(batch[Columns.OBS]))
         return self.value_head(embeddings).squeeze(-1)

@@ -20,7 +20,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from mara_common.config import ConfigError
 from mara_env.cluster import ClusterConfig
-from mara_env.env import VIEW_OPTIONS, EnvConfig, make_spaces
+from mara_env.env import VIEW_OPTIONS, EnvConfig
 from mara_fm.predictors import predictor_digest
 from mara_rl.mat_module import MATConfig, MATModule
 
@@ -29,7 +29,7 @@ POLICY_WEIGHTS, POLICY_SPEC = "policy.pt", "policy.json"
 
 def module_spec(env_cfg: EnvConfig, mat: MATConfig) -> RLModuleSpec:
     """The RLlib spec of a MAT for `env_cfg`'s spaces."""
-    obs, act_space = make_spaces(env_cfg.n_nodes, env_cfg.n_slots, env_cfg.slot_features, env_cfg.node_features)
+    obs, act_space = env_cfg.spaces()
     return RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                         model_config=asdict(mat))
 
@@ -41,7 +41,8 @@ def export_policy(module: MATModule, path: Path, env_cfg: EnvConfig) -> Path:
     predictor = str(env_cfg.predictor)
     spec = {"n_nodes": module.n_nodes, "n_slots": module.n_slots, "model_config": asdict(module.cfg),
             "predictor": predictor, "predictor_digest": predictor_digest(predictor),
-            "cluster": asdict(env_cfg.cluster), **env_cfg.view_options}
+            "cluster": asdict(env_cfg.cluster), "critic_features": env_cfg.critic_features,
+            **env_cfg.view_options}
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
@@ -68,11 +69,13 @@ def _spec_view(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_policy(path: str | Path) -> MATModule:
-    """The exported MAT module, in eval mode, on CPU."""
+    """The exported MAT module, in eval mode, on CPU. A policy trained with a privileged critic
+    (`EnvConfig.critic_features`) keeps its value network, which acting never reads."""
     path = Path(path)
     spec = _read_spec(path)
-    layout = EnvConfig(**_spec_view(spec), cluster=spec.get("cluster", {}))
-    obs, act_space = make_spaces(spec["n_nodes"], spec["n_slots"], layout.slot_features, layout.node_features)
+    layout = EnvConfig(**_spec_view(spec), cluster=spec.get("cluster", {}), n_nodes=spec["n_nodes"],
+                       n_slots=spec["n_slots"], critic_features=spec.get("critic_features", False))
+    obs, act_space = layout.spaces()
     module = RLModuleSpec(module_class=MATModule, observation_space=obs, action_space=act_space,
                           model_config=spec["model_config"]).build()
     module.load_state_dict(torch.load(path / POLICY_WEIGHTS, map_location="cpu", weights_only=True))

@@ -22,6 +22,7 @@ from mara_rl.imitation import TEACHERS
 from mara_rl.mat_module import MATConfig
 
 PREDICTORS = ("fm", "wls", "oracle", "history")
+CRITICS = ("shared", "privileged")
 
 
 @dataclass
@@ -39,6 +40,12 @@ class SchedulerConfig:
     decision_interval: int | None = setting(None, ge=1, label="hold",
                                             help="the policy decides at events, holding each joint action "
                                             "up to N steps (EnvConfig.decision_interval; unset: every step)")
+    trend_window: int | None = setting(None, ge=2, label="trend",
+                                       help="the policy also sees each task's progress and its trend over "
+                                       "the last N observations (EnvConfig.trend_window; unset: not shown)")
+    critic: str = setting("shared", choices=CRITICS, label="",
+                          help="value function: on the policy's encoder (shared), or its own encoder that "
+                          "also reads the true demand of tasks and arrivals (privileged; training only)")
     # PPO (MAT reference: clip 0.05-0.2, entropy 0.01, GAE λ 0.95, 10-15 epochs).
     iterations: int = setting(150, ge=0, resumable=True, help="PPO iterations in total (a resume continues to it)")
     train_batch_size: int = setting(8000, ge=1, help="env steps per PPO iteration")
@@ -150,7 +157,8 @@ def default_out(profile: Profile, cfg: SchedulerConfig) -> Path:
 
 def training_env(cfg: SchedulerConfig, profile: Profile, bank: Path) -> EnvConfig:
     """The env a scheduler trains in: the profile's `[env]` on ID train, with this run's
-    predictor, β, burst share and decision interval (the rules of the evaluation keep `[env]`'s)."""
-    held = {"decision_interval": cfg.decision_interval} if cfg.decision_interval else {}
+    predictor, β, burst share, decision interval, trend and critic features (the rules of the evaluation keep `[env]`'s)."""
+    shown = {name: getattr(cfg, name) for name in ("decision_interval", "trend_window") if getattr(cfg, name)}
     return profile.section(EnvConfig, "env", bank=normal_path(bank), predictor=cfg.predictor_spec(),
-                           beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob, **held)
+                           beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob,
+                           critic_features=cfg.critic == "privileged", **shown)

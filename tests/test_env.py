@@ -220,3 +220,41 @@ def test_windows_are_sized_to_where_the_threshold_is_first_reached(smoke_bank, t
     assert ratio.max() <= cfg.window_hi + 0.5 / demand[free].min()
     with pytest.raises(ValueError, match="window_basis"):
         sample_episode(curves, 500, 0.04, WorkloadConfig(window_basis="deadline"), rng)
+
+
+def test_trend_features_show_progress_and_its_projection_to_the_deadline(smoke_bank):
+    """`trend_window` = W adds two last slot features: progress q, and q at the deadline if the
+    slope of q over the last W observations held (/ 2, capped at 1); nothing else changes."""
+    w = 8
+    # RL OOD: DQN TD losses whose cumulative averages also rise.
+    env = MultiNodeEnv(EnvConfig(bank=str(smoke_bank), task_set="rl_ood", split="test", arrival_prob=0.1,
+                                 probe_points=12, trend_window=w))
+    plain = MultiNodeEnv(EnvConfig(bank=str(smoke_bank), task_set="rl_ood", split="test", arrival_prob=0.1,
+                                   probe_points=12))
+    obs, _ = env.reset(seed=2)
+    base, _ = plain.reset(seed=2)
+    rng = np.random.default_rng(0)
+    rising = falling = 0
+    for _ in range(150):
+        action = random_valid_action(obs, 7, rng, idle_prob=0.1)
+        obs, reward, *_ = env.step(action)
+        base, plain_reward, *_ = plain.step(action)
+        assert env.observation_space.contains(obs) and obs["slots"].shape == (16, 7)
+        np.testing.assert_array_equal(obs["slots"][:, :5], base["slots"])
+        assert reward == plain_reward
+        for s in np.flatnonzero(obs["slot_mask"]):
+            k, n = env.slot_task[s], env.n_obs[env.slot_task[s]]
+            if n == 0:
+                continue
+            back = max(n - 1 - w, 0)
+            now, then = (env.log_first[k] - env.task_log_avg[k, [n - 1, back]]) * env.q_scale[k]
+            assert obs["slots"][s, 5] == pytest.approx(min(max(now, 0.0), 1.0), abs=1e-6)
+            slope = (now - then) / max(n - 1 - back, 1)
+            steps = min(max(env.deadline[k] - env.t, 0), env.cap - n)
+            expected = np.clip(env.q[k] + slope * steps, 0.0, 2.0) / 2
+            assert obs["slots"][s, 6] == pytest.approx(expected, abs=1e-6)
+            rising += expected > env.q[k] / 2 + 1e-6
+            falling += expected < env.q[k] / 2 - 1e-6
+    assert rising > 0 and falling > 0  # trends of both signs appear
+    with pytest.raises(ValueError, match="trend_window must be >= 2"):
+        EnvConfig(trend_window=1)

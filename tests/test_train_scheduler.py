@@ -29,7 +29,13 @@ from mara_rl.pipeline import variant_config
 from mara_rl.policy import act, export_policy, load_policy, module_spec, policy_env
 from mara_rl.run_state import STATE_FILE, load_state, run_inputs, settings_changed, warm_start_dir
 from mara_rl.scheduler_commands import add_train_arguments
-from mara_rl.scheduler_config import SchedulerConfig, default_out, run_name, scheduler_config
+from mara_rl.scheduler_config import (
+    SchedulerConfig,
+    default_out,
+    run_name,
+    scheduler_config,
+    training_env,
+)
 from mara_rl.train_scheduler import EXPERIMENT, build_algorithm, selection_key, train, warm_start
 
 SMOKE = Profile.load("smoke")
@@ -172,6 +178,12 @@ def test_flags_come_from_the_config_and_name_the_run_folder() -> None:
     assert run_name(SMOKE, cfg) == "smoke-wls-seed2"
     cfg = scheduler_config(SMOKE, imitation_teacher="lara", imitation_dagger_rounds=2, beta=0.0)
     assert run_name(SMOKE, cfg) == "smoke-beta0-lara-dagger2-seed0"
+    # The policy's trend features and the privileged critic reach the env it trains in.
+    cfg = scheduler_config(SMOKE, trend_window=8, critic="privileged")
+    assert run_name(SMOKE, cfg) == "smoke-trend8-privileged-seed0"
+    env = training_env(cfg, SMOKE, SMOKE.paths.bank)
+    assert env.trend_window == 8 and env.critic_features and not training_env(
+        scheduler_config(SMOKE), SMOKE, SMOKE.paths.bank).critic_features
     # The history predictor trains on the profile's history bank (built on first use); a profile
     # without one is refused by name.
     cfg = scheduler_config(SMOKE, predictor="history")
@@ -213,7 +225,8 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     env_cfg = EnvConfig(predictor=spec)
     policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", env_cfg)
     assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None,
-                                  "decision_interval": None, "cluster": dataclasses.asdict(ClusterConfig())}
+                                  "decision_interval": None, "trend_window": None,
+                                  "cluster": dataclasses.asdict(ClusterConfig())}
     config = fm_dir / "config.json"
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ConfigError, match="has changed since this policy was trained"):
@@ -227,7 +240,8 @@ def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Pat
     trained = module_spec(env_cfg, MATConfig()).build()
     policy = export_policy(trained, tmp_path / "policy", env_cfg)
     assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15, "probe_points": 12,
-                                  "decision_interval": None, "cluster": dataclasses.asdict(ClusterConfig())}
+                                  "decision_interval": None, "trend_window": None,
+                                  "cluster": dataclasses.asdict(ClusterConfig())}
     loaded = load_policy(policy)
     assert loaded.slot_embed[0].in_features == 6
     obs, _ = MultiNodeEnv(env_cfg).reset(seed=0)

@@ -90,7 +90,7 @@ def improved_rows(module: torch.nn.Module, labeller: RolloutLabeller) -> Demonst
     actions = torch.as_tensor(np.stack([a for _, a in labeller.improved]), dtype=torch.long)
     with torch.no_grad():
         out = module.forward_train({Columns.OBS: obs, Columns.ACTIONS: actions})
-        values = module.compute_values({}, out[Columns.EMBEDDINGS])
+        values = module.compute_values({Columns.OBS: obs}, out.get(Columns.EMBEDDINGS))
     return Demonstrations(obs=obs, actions=actions, returns=values.float())
 
 
