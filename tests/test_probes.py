@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 
+from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_rl.policy import export_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
@@ -196,3 +197,20 @@ def test_hold_probe(smoke_bank, fm_dir, tmp_path):
         assert len(row) == 4
         for cell in row[1:]:
             percent(cell)
+
+
+def test_trend_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("trend_probe", smoke_bank, tmp_path, "--probe-points", "4", "--train-episodes", "2",
+               "--val-episodes", "2", "--episodes", "2", "--taus", "0.2,0.5", "--fm", str(fm_dir))
+    classifier, scheduling = tables(path)
+    assert [row[0] for row in classifier] == ["teacher's rule", "FM", "FM + trend"]
+    for _, auc, loss, accuracy in classifier[1:]:
+        assert 0.0 <= number(auc) <= 1.0 and number(loss) >= 0.0
+        percent(accuracy)
+    assert [row[0] for row in scheduling] == ["FM", "FM + trend"]
+    assert all(len(row) == 3 and all(0.0 <= percent(c) for c in row[1:]) for row in scheduling)
+
+
+def test_trend_probe_refuses_a_profile_that_does_not_judge_tasks(smoke_bank, fm_dir, tmp_path):
+    with pytest.raises(ConfigError, match="probe_points"):
+        run("trend_probe", smoke_bank, tmp_path, "--fm", str(fm_dir))

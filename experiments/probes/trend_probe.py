@@ -31,6 +31,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.metrics import log_loss, roc_auc_score
 
 from experiments.probes.common import add_common_flags, save_table
+from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import OptimisticLARA
@@ -39,11 +40,18 @@ from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_rl.methods import classic
 from mara_rl.scheduler_config import scheduler_config, training_env
 
-# Slot-feature columns with `optimistic_quantile`, `probe_points` and `trend_window` on
-# (docs/design.md §3): 1 median, 2 time to deadline, 4 optimistic, 5 probe, 6 progress, 7 projection.
-FEATURES = {"FM": [1, 2, 4], "FM + trend": [1, 2, 4, 6, 7]}
-PROBE_COLUMN = 5
+# Slot-feature columns (docs/design.md §3): 1 median, 2 time to deadline, then with
+# `optimistic_quantile` and `probe_points` on, 4 optimistic and 5 probe; the trend's two come last.
+FM_COLUMNS, OPTIMISTIC_COLUMN, PROBE_COLUMN = [1, 2, 4], 4, 5
 TRAIN_SEED = 5_000_000  # apart from the trainer's imitation and validation seeds
+
+
+def feature_sets(env: EnvConfig) -> dict[str, list[int]]:
+    """The classifier's columns: FM's features alone, and with the trend's two."""
+    if env.optimistic_quantile is None or env.probe_points is None or env.trend_window is None:
+        raise ConfigError("the trend probe needs optimistic_quantile, probe_points and trend_window set "
+                          "(the profile's [env], --probe-points, --trend-window)")
+    return {"FM": FM_COLUMNS, "FM + trend": [*FM_COLUMNS, env.slot_features - 2, env.slot_features - 1]}
 
 
 def judged_rows(env: EnvConfig, episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +95,8 @@ def main(argv: list[str] | None = None) -> Path:
     add_common_flags(parser)
     parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
     parser.add_argument("--trend-window", type=int, default=8)
+    parser.add_argument("--probe-points", type=int, help="judge tasks after this many points "
+                        "(default: the profile's [env] probe_points)")
     parser.add_argument("--train-episodes", type=int, default=32)
     parser.add_argument("--val-episodes", type=int, default=40, help="episodes whose rows score the classifier")
     parser.add_argument("--taus", default="0.1,0.2,0.3,0.5", help="classifier thresholds τ, comma-separated")
@@ -96,8 +106,10 @@ def main(argv: list[str] | None = None) -> Path:
     torch_threads(1)
     profile = Profile.load(args.profile)
     cfg = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
-    env = dataclasses.replace(training_env(cfg, profile, args.bank or profile.paths.bank), burst_prob=0.0,
-                              trend_window=args.trend_window, critic_features=True)
+    env = training_env(cfg, profile, args.bank or profile.paths.bank)
+    env = dataclasses.replace(env, burst_prob=0.0, trend_window=args.trend_window, critic_features=True,
+                              probe_points=args.probe_points or env.probe_points)
+    features = feature_sets(env)
     val = dataclasses.replace(env, split="val")
     x_train, y_train = judged_rows(env, args.train_episodes, TRAIN_SEED)
     x_val, y_val = judged_rows(val, args.val_episodes, cfg.eval_seed)
@@ -106,9 +118,9 @@ def main(argv: list[str] | None = None) -> Path:
              f"the classifier, {len(x_val)} rows of {args.val_episodes} ID val episodes score it "
              f"({100 * y_val.mean():.1f}% finishable). Rule: the teacher's own call, optimistic demand ≤ time left.",
              "", "| features | AUC | log loss | accuracy |", "|---|---|---|---|",
-             f"| teacher's rule | — | — | {100 * np.mean((x_val[:, 4] <= x_val[:, 2]) == y_val):.2f} |"]
+             f"| teacher's rule | — | — | {100 * np.mean((x_val[:, OPTIMISTIC_COLUMN] <= x_val[:, 2]) == y_val):.2f} |"]
     models = {}
-    for name, columns in FEATURES.items():
+    for name, columns in features.items():
         models[name] = HistGradientBoostingClassifier(max_iter=200, random_state=0).fit(x_train[:, columns], y_train)
         p = models[name].predict_proba(x_val[:, columns])[:, 1]
         lines.append(f"| {name} | {roc_auc_score(y_val, p):.4f} | {log_loss(y_val, p):.4f} | "
@@ -123,7 +135,7 @@ def main(argv: list[str] | None = None) -> Path:
     lines += ["", f"The teacher with the classifier's call, success % on the trainer's {len(episodes)} ID val "
               f"episodes (the teacher alone: {rate(classic('lara_optimistic')()):.2f}):", "",
               "| features | " + " | ".join(f"τ = {t:g}" for t in taus) + " |", "|---|" + "---|" * len(taus)]
-    for name, columns in FEATURES.items():
+    for name, columns in features.items():
         lines.append(f"| {name} | " + " | ".join(f"{rate(teacher_with(models[name], columns, t)):.2f}"
                                                 for t in taus) + " |")
         print(lines[-1], flush=True)
