@@ -200,8 +200,8 @@ def test_hold_probe(smoke_bank, fm_dir, tmp_path):
 
 
 def test_trend_probe(smoke_bank, fm_dir, tmp_path):
-    path = run("trend_probe", smoke_bank, tmp_path, "--probe-points", "4", "--train-episodes", "2",
-               "--val-episodes", "2", "--episodes", "2", "--taus", "0.2,0.5", "--fm", str(fm_dir))
+    path = run("trend_probe", smoke_bank, tmp_path, "--probe-points", "4", "--train-episodes", "1",
+               "--val-episodes", "1", "--episodes", "1", "--taus", "0.2,0.5", "--fm", str(fm_dir))
     classifier, scheduling = tables(path)
     assert [row[0] for row in classifier] == ["teacher's rule", "FM", "FM + trend"]
     for _, auc, loss, accuracy in classifier[1:]:
