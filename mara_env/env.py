@@ -32,10 +32,10 @@ from mara_env.workload import (
     curve_rows,
     family_reference,
     sample_episode,
+    true_demand,
 )
 from mara_fm.bank import SPLITS, CurveSet, load_bank, select
 from mara_fm.predictors import WARMUP_POINTS, Predictor, make_predictor
-from mara_fm.predictors.oracle import first_crossing
 
 DEFAULT_BANK = ProjectPaths("default").bank
 
@@ -267,7 +267,7 @@ class MultiNodeEnv(gym.Env):
             raise ValueError(f"a task window exceeds the curve cap {self.cap}")
         self.eps = episode.eps
         if self.cfg.critic_features:
-            self._plan_critic_view()
+            self._plan_critic_view(episode)
         self.log_first = self.task_log_avg[:, 0]
         self.q_scale, self.q_offset = progress_terms(self.log_first, np.log(self.eps))
         self.n_obs = np.zeros(m, np.int64)
@@ -309,13 +309,12 @@ class MultiNodeEnv(gym.Env):
         self.event = False
         return self.observation(), self._step_info(0, 0, rejected, 0)
 
-    def _plan_critic_view(self) -> None:
+    def _plan_critic_view(self, episode: Episode) -> None:
         """What `critic_features` shows, fixed per episode: each task's true demand from its
         first batch (the cap when it never reaches ε) and the demand arriving by each step."""
-        m = len(self.arrival)
-        self.true_demand = first_crossing(self.task_avg, np.zeros(m, np.int64), self.eps,
-                                          np.full(m, float(self.cap)))
-        self.reaches = (self.task_avg <= self.eps[:, None]).any(1)
+        demand = true_demand(episode, self.curves)  # cap + 1: never reaches ε
+        self.reaches = demand <= self.cap
+        self.true_demand = np.minimum(demand, self.cap)
         arriving = np.bincount(self.arrival, weights=self.true_demand, minlength=self.cfg.horizon + 1)
         self.demand_by_step = np.concatenate([[0.0], np.cumsum(arriving)])  # [s]: arrivals before step s
 

@@ -132,6 +132,17 @@ class _Block(nn.Module):
         return self.norm_mlp(x + self.mlp(x)), (k, v)
 
 
+def _encode_tokens(global_embed: nn.Module, slot_embed: nn.Module, blocks: nn.ModuleList, glob: Tensor,
+                   slots: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
+    """Token representations (B, 1+K, D), global token first, and which tokens exist. The global
+    token is always attendable, so no attention row is fully masked."""
+    tokens = torch.cat([global_embed(glob).unsqueeze(1), slot_embed(slots)], dim=1)
+    exists = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)
+    for block in blocks:
+        tokens = block(tokens, exists.unsqueeze(1))
+    return tokens, exists
+
+
 class _PrivilegedCritic(nn.Module):
     """The value of a state from the observation plus what only the simulator knows: one
     encoder over slot tokens (slot features + `critic_slots`) and a global token (globals +
@@ -146,13 +157,10 @@ class _PrivilegedCritic(nn.Module):
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
 
     def forward(self, obs: dict[str, Tensor]) -> Tensor:
-        present = obs["slot_mask"] > 0
         slots = torch.cat([obs["slots"].float(), obs["critic_slots"].float()], dim=-1)
         glob = torch.cat([obs["globals"].float(), obs["critic_globals"].float()], dim=-1)
-        tokens = torch.cat([self.global_embed(glob).unsqueeze(1), self.slot_embed(slots)], dim=1)
-        exists = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)
-        for block in self.encoder:
-            tokens = block(tokens, exists.unsqueeze(1))
+        tokens, exists = _encode_tokens(self.global_embed, self.slot_embed, self.encoder, glob, slots,
+                                        obs["slot_mask"] > 0)
         return self.head(MATModule._pool(tokens, exists)).squeeze(-1)
 
 
@@ -208,14 +216,8 @@ class MATModule(TorchRLModule, ValueFunctionAPI):
     # ---- network pieces -------------------------------------------------
     def _encode(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Token representations (B, 1+K, D), global token first, and which tokens exist."""
-        present = obs["slot_mask"] > 0
-        tokens = torch.cat([self.global_embed(obs["globals"].float()).unsqueeze(1),
-                            self.slot_embed(obs["slots"].float())], dim=1)
-        # The global token is always attendable, so no attention row is fully masked.
-        exists = torch.cat([torch.ones_like(present[:, :1]), present], dim=1)
-        for block in self.encoder:
-            tokens = block(tokens, exists.unsqueeze(1))
-        return tokens, exists
+        return _encode_tokens(self.global_embed, self.slot_embed, self.encoder, obs["globals"].float(),
+                              obs["slots"].float(), obs["slot_mask"] > 0)
 
     def _node_inputs(self, obs: dict[str, Tensor], choices: Tensor) -> Tensor:
         """What each node adds to its decoder input (B, N, D): its position, and with node

@@ -183,9 +183,9 @@ def warm_start(algo: Any, module: MATModule, cfg: SchedulerConfig, env_cfg: EnvC
     for r in range(1, cfg.imitation_dagger_rounds + 1):
         visited = demonstrations(env_cfg, cfg.imitation_teacher, cfg.imitation_episodes, seed + stride * r,
                                  driver=lambda obs, envs: act(module, obs))
-        rounds[f"imitation_dagger{r}_node_agreement_on_policy"] = score(module, visited)["node_agreement"]
+        agreement = rounds[f"imitation_dagger{r}_node_agreement_on_policy"] = score(module, visited)["node_agreement"]
         print(f"imitation: DAgger round {r}/{cfg.imitation_dagger_rounds}, per-node agreement on the MAT's "
-              f"own states {rounds[f'imitation_dagger{r}_node_agreement_on_policy']:.3f}", flush=True)
+              f"own states {agreement:.3f}", flush=True)
         demos = demos + visited
         imitate(module, demos, cfg.imitation_dagger_epochs, cfg.imitation_lr, cfg.seed + r)
     after = score(module, demos)
