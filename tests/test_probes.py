@@ -13,6 +13,8 @@ import pytest
 
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
+from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.registry import ALLOCATORS
 from mara_rl.policy import export_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
 
@@ -156,9 +158,31 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
 
 def test_worlds_probe(smoke_bank, fm_dir, tmp_path):
     path = run("worlds_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1",
-               "--worlds", "2", "--fm", str(fm_dir))
+               "--worlds", "2", "--fm", str(fm_dir), "--planners", "served,kept,rollout,hindsight")
     (rows,) = tables(path)
-    assert len(rows) == 1 and all(0 <= percent(c) for c in rows[0][1:])
+    assert len(rows) == 1 and len(rows[0]) == 8 and all(0 <= percent(c) for c in rows[0][1:])
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_a_world_at_the_true_crossings_plays_as_the_episode_does(smoke_bank, cluster):
+    """The rollout planner's world, built from every task's true crossing and read by the
+    teacher as its forecasts, plays out like the env itself with the oracle predictor."""
+    worlds = probe("worlds_probe")
+    extra = {"cluster": {"node_speeds": (2, 2, 1, 1, 1, 0.5, 0.5), "restore_lo": 2, "restore_hi": 10}} if cluster else {}
+    cfg = Profile.load("smoke").section(EnvConfig, "env", bank=str(smoke_bank), task_set="id", split="val",
+                                        predictor="oracle", arrival_prob=0.3, **extra)
+    env = MultiNodeEnv(cfg)
+    env.reset(seed=3)
+    teacher = ALLOCATORS[worlds.TEACHER]()
+    while (env.slot_task >= 0).sum() <= cfg.n_nodes or env.t < 40:  # into the episode, and contended
+        env.step(teacher.act(env.scheduler_view()))
+    first = teacher.act(env.scheduler_view())
+    copy, before, action, done = env.clone(), env.stats["successes"], first, False
+    while not done:
+        _, _, done, _, _ = copy.step(action)
+        action = teacher.act(copy.scheduler_view())
+    played = worlds.World(env, worlds.truth(env), {}).play(teacher, first, set())
+    assert played == copy.stats["successes"] - before > 0
 
 
 def test_rollout_probe(smoke_bank, fm_dir, tmp_path):

@@ -1,12 +1,32 @@
 """Probe: does planning over FM's sampled worlds beat the teacher, which reads one sample?
 
-At each step, each of W worlds draws, for every active task past its judgement
-point, one of FM's M sampled crossings (independently per task); the exact
-planner (`llf`: exact N-node feasibility, least-laxity service) plans each
-world as if its demands were true, and the tasks are ranked by how many
-worlds serve (or keep) them now. Validation episodes only.
+A world draws, for every task past its warm-up, one of FM's M sampled crossings
+(independently per task). Two planners use them:
+
+- `served` / `kept` (hindsight optimisation): at each step the exact planner
+  (`llf`: exact N-node feasibility, least-laxity service) plans each of W worlds
+  as if its demands were true, and the tasks are ranked by how many worlds serve
+  (or keep) them now.
+- `rollout` (one step of policy iteration over the teacher): at each contended
+  decision (decisions at events, each held up to `--hold` steps) the teacher's
+  joint action competes with `--alternatives` swaps and as many drops
+  (`mara_rl.rollout_labels`); each is played to the episode's end by the teacher
+  in each of W worlds, the same worlds for every candidate, and a candidate
+  replaces the teacher's action only if its mean gain is at least `--delta`
+  successes and two standard errors above 0 (the argmax of W noisy sums otherwise
+  changes half the decisions for nothing). In a world a task's curve is bent to
+  reach ε at its drawn crossing; the rolled-out teacher reads the forecasts of
+  the decision (minus the batches served since) for tasks already forecast, and
+  the world's demand for the others. A task the planner drops stays dropped.
+  Tasks still in warm-up draw their demand from the true demands of training
+  tasks. Future arrivals are the episode's own (a leak in the planner's favour).
+  `hindsight` is the same planner in the one true world, the teacher reading the
+  true demand in it: what the search finds when it knows everything.
+
+Validation episodes only.
 
     python -m experiments.probes.worlds_probe --worlds 16 --loads 0.04,0.07
+    python -m experiments.probes.worlds_probe --planners rollout,hindsight --worlds 8 [--profile cluster]
 
 Writes experiments/probes/results/worlds_probe.md, or into --out.
 """
@@ -22,13 +42,18 @@ import numpy as np
 from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_env.allocators import can_meet_deadlines, joint_action
-from mara_env.env import EnvConfig
+from mara_env.allocators import LARA, can_meet_deadlines, joint_action
+from mara_env.env import ACTIVE, WAITING, EnvConfig, MultiNodeEnv, SlotView
+from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide, replay_in_lockstep
+from mara_env.workload import true_demand
 from mara_fm.bank import CurveSet
-from mara_fm.predictors import FMPredictor
+from mara_fm.predictors import WARMUP_POINTS, FMPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_rl.evaluate import pooled_episodes
+from mara_rl.rollout_labels import KINDS, candidates
+
+TEACHER = "lara_optimistic"
 
 
 class SampleKeepingFM(FMPredictor):
@@ -48,6 +73,9 @@ class SampleKeepingFM(FMPredictor):
         for r, n, c in zip(rows.tolist(), lengths.tolist(), crossings, strict=True):
             self.samples[(r, n)] = c
         return out
+
+
+PLANNERS = ("served", "kept", "rollout", "hindsight")
 
 
 def plan_world(slots: list[int], demand: np.ndarray, time_left: np.ndarray, n_nodes: int) -> list[int]:
@@ -95,29 +123,170 @@ def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0) ->
     return decide
 
 
+def training_demands(cfg: EnvConfig, episodes: int = 40, seed: int = 12345) -> np.ndarray:
+    """True demands (inf: never reached) of tasks of `episodes` training episodes: the prior of a
+    task with no forecast yet."""
+    train = dataclasses.replace(cfg, split="train", predictor="wls")
+    env = MultiNodeEnv(train)
+    demands = []
+    for i in range(episodes):
+        env.reset(seed=seed + i)
+        demands.append(true_demand(env.episode, env.curves).astype(np.float64))
+    out = np.concatenate(demands)
+    return np.where(out > env.cap, np.inf, out)
+
+
+def without(env: MultiNodeEnv, dropped: set[int]) -> SlotView:
+    """The env's view with the `dropped` tasks hidden."""
+    view = env.scheduler_view()
+    return dataclasses.replace(view, present=view.present & ~np.isin(env.slot_task, list(dropped))) \
+        if dropped else view
+
+
+def truth(env: MultiNodeEnv) -> np.ndarray:
+    """Each task's true crossing, in observations from its start (inf: never)."""
+    demand = true_demand(env.episode, env.curves).astype(np.float64)
+    return np.where(demand > env.cap, np.inf, demand)
+
+
+def sampled_worlds(env: MultiNodeEnv, fm: FMPredictor, worlds: int, prior: np.ndarray,
+                   rng: np.random.Generator) -> np.ndarray:
+    """(W, tasks) crossings per world: FM's samples for the tasks present past warm-up, the prior
+    for those in warm-up, the truth for the rest (tasks yet to arrive or already gone)."""
+    out = np.tile(truth(env), (worlds, 1))
+    live = np.flatnonzero((env.status == ACTIVE) | (env.status == WAITING))
+    n = env.n_obs[live]
+    forecast, fresh = live[n >= WARMUP_POINTS], live[n < WARMUP_POINTS]
+    if len(forecast):
+        rows, seen = env.task_rows[forecast], env.n_obs[forecast]
+        hist = HistoryBatch.from_curves(env.curves.avg[rows], seen, env.curves.batch_size[rows], env.curves.lr[rows])
+        horizon = (env.cap - seen).astype(np.float64)
+        crossings = fm.sorted_crossings(hist, env.eps[forecast], horizon)
+        crossings = np.where(crossings >= horizon[:, None], np.inf, np.maximum(crossings, 1.0))
+        pick = rng.integers(0, crossings.shape[1], (worlds, len(forecast)))
+        out[:, forecast] = seen + crossings[np.arange(len(forecast)), pick]
+    if len(fresh):
+        out[:, fresh] = env.n_obs[fresh] + np.maximum(rng.choice(prior, (worlds, len(fresh))), 1.0)
+    return out
+
+
+class World:
+    """A copy of an env whose present tasks reach ε at the crossings `ends` (observations from
+    their start); the teacher rolled out in it reads `frozen` forecasts (per task: median and
+    optimistic crossing, in observations from the start) where given, else the world's demand."""
+
+    def __init__(self, env: MultiNodeEnv, ends: np.ndarray, frozen: dict[int, tuple[float, float]]) -> None:
+        self.env, self.ends, self.frozen = env.clone(), ends, frozen
+        c = self.env
+        c.task_avg = c.task_avg.copy()
+        for k in np.flatnonzero((c.status == ACTIVE) | (c.status == WAITING)).tolist():
+            n, row = int(c.n_obs[k]), c.task_avg[k]
+            row[n:] = np.maximum(row[n:], c.eps[k] * (1 + 1e-9))
+            if ends[k] <= c.cap:
+                row[int(ends[k]) - 1] = c.eps[k] * (1 - 1e-9)
+        self.forecast(np.flatnonzero((c.status == ACTIVE) | (c.status == WAITING)))
+
+    def forecast(self, tasks: np.ndarray) -> None:
+        c = self.env
+        for k in tasks.tolist():
+            left = self.ends[k] - c.n_obs[k]
+            median, low = self.frozen.get(k, (self.ends[k], self.ends[k]))
+            c.pred[k] = max(min(median - c.n_obs[k], c.cap - c.n_obs[k]), 1.0) if left > 0 else 0.0
+            c.pred_low[k] = max(low - c.n_obs[k], 1.0) if np.isfinite(low) else np.inf
+
+    def play(self, teacher: LARA, first: np.ndarray, dropped: set[int]) -> int:
+        """Successes from here to the episode's end: `first`, then the teacher blind to `dropped`."""
+        c, before, action = self.env, self.env.stats["successes"], first
+        while True:
+            _, done, _ = c.advance(action)
+            self.forecast(np.concatenate([c.stale, c.slot_task[c.slot_task >= 0]]))
+            c.stale = c.stale[:0]
+            if done:
+                return c.stats["successes"] - before
+            action = teacher.act(without(c, dropped))
+
+
+def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta: float,
+                   prior: np.ndarray, seed: int = 0) -> BatchDecide:
+    """The rollout planner of the module docstring; `fm` None: in the true world (hindsight)."""
+    teacher = ALLOCATORS[TEACHER]()
+    rng = np.random.default_rng(seed)
+    dropped: dict[tuple[int, int], set[int]] = {}
+
+    def decide(obs, envs):
+        actions = []
+        for env in envs:
+            gone = dropped.setdefault((id(env), env.resets), set())
+            action = teacher.act(without(env, gone))
+            waiting = [k for k in env.slot_task.tolist() if k >= 0 and k not in gone]
+            if len(waiting) > (action > 0).sum():
+                options = [(kind, x) for kind in KINDS for x in candidates(kind, action, env, alternatives, rng)]
+                firsts = [action] + [x if kind == "swap" else teacher.act(without(env, gone | {x}))
+                                     for kind, x in options]
+                if fm is None:
+                    ends, frozen = truth(env)[None], {}
+                else:
+                    ends = sampled_worlds(env, fm, worlds, prior, rng)
+                    frozen = {k: (env.pred[k] + env.n_obs[k], env.pred_low[k] + env.n_obs[k])
+                              for k in np.flatnonzero(env.n_obs >= WARMUP_POINTS).tolist()}
+                scores = np.array([[World(env, w, frozen).play(teacher, first, gone | {x} if kind == "drop" else gone)
+                                    for first, (kind, x) in zip(firsts, [("keep", None), *options], strict=True)]
+                                   for w in ends], np.float64)
+                gain = scores[:, 1:] - scores[:, :1]
+                mean, error = gain.mean(0), gain.std(0) / np.sqrt(len(gain))
+                better = (mean >= delta) & (mean > 2 * error) if len(gain) > 1 else mean > 0
+                if better.any():
+                    best = int(np.argmax(np.where(better, mean, -np.inf)))
+                    action = firsts[best + 1]
+                    if options[best][0] == "drop":
+                        gone.add(options[best][1])
+            actions.append(action)
+        return np.stack(actions)
+
+    return decide
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_flags(parser)
     add_replay_flags(parser)
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--loads", default="0.04")
+    parser.add_argument("--planners", default="served,kept", help=f"of {', '.join(PLANNERS)}, comma-separated")
+    parser.add_argument("--hold", type=int, default=10, help="the rollout planners' decision interval")
+    parser.add_argument("--alternatives", type=int, default=3, help="swaps, and as many drops, per decision")
+    parser.add_argument("--delta", type=float, default=0.25, help="least mean gain (successes) to deviate")
     args = parser.parse_args(argv)
+    planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    if not planners or set(planners) - set(PLANNERS):
+        parser.error(f"--planners: choose from {list(PLANNERS)}")
     profile = Profile.load(args.profile)
     fm = SampleKeepingFM(FMPredictor.load(args.fm or profile.paths.predictor))
-    lines = ["| load | teacher | llf_fm | worlds served | worlds kept |", "|---|---|---|---|---|"]
+    lines = [f"Profile {profile.name}; rollout planners decide at events (H = {args.hold}), {args.worlds} worlds, "
+             f"{args.alternatives} swaps and drops, δ = {args.delta}.", "",
+             "| load | teacher | llf_fm | teacher held | " + " | ".join(planners) + " |",
+             "|---|---|---|---|" + "---|" * len(planners)]
     with torch_threads(1):
         for load in (float(x) for x in args.loads.split(",")):
             cfg = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), split="val",
                                   task_set="id", arrival_prob=load)
+            held = dataclasses.replace(cfg, decision_interval=args.hold)
             episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
-            row = [success(cfg, episodes, fm), success(cfg, episodes, fm, "llf")]
-            for vote in ("served", "kept"):
-                outs = replay_in_lockstep(dataclasses.replace(cfg, predictor=fm), episodes,
-                                          worlds_decide(fm, args.worlds, vote))
+            row = [success(cfg, episodes, fm), success(cfg, episodes, fm, "llf"), success(held, episodes, fm)]
+            prior = training_demands(cfg) if {"rollout", "hindsight"} & set(planners) else np.zeros(0)
+            for planner in planners:
+                if planner in ("served", "kept"):
+                    env, decide = cfg, worlds_decide(fm, args.worlds, planner)
+                else:
+                    env, decide = held, rollout_decide(fm if planner == "rollout" else None, args.worlds,
+                                                       args.alternatives, args.delta, prior)
+                outs = replay_in_lockstep(dataclasses.replace(env, predictor=fm), episodes, decide)
                 row.append(100 * float(np.mean([o["success_rate"] for o in outs])))
+                print(f"[worlds] load {load} {planner}: {row[-1]:.2f}", flush=True)
             lines.append(f"| {load} | " + " | ".join(f"{r:.2f}" for r in row) + " |")
             print(lines[-1], flush=True)
-    return save_table(lines, args.out, "worlds_probe.md")
+    name = "worlds_probe.md" if profile.name == "default" else f"worlds_probe_{profile.name}.md"
+    return save_table(lines, args.out, name)
 
 
 if __name__ == "__main__":
