@@ -10,10 +10,15 @@ so a Ray job running from a temporary copy of the project still writes
 where the store is, and a test's private store writes nothing into the
 checkout; a server decides for itself), and marked as model-training
 experiments so that the UI opens on their runs.
+
+Processes that open a SQLite store take turns while they create it and its
+experiments (a lock file beside the database): two runs started together on a
+new store would otherwise both migrate its schema, and one would fail.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import urllib.error
@@ -52,17 +57,38 @@ def check_reachable(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
                           "start it or point MLFLOW_TRACKING_URI elsewhere") from None
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///<path>` store, None for any other store."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(db).expanduser().resolve() if db and db != ":memory:" else None
+
+
 def artifact_root(uri: str) -> Path | None:
     """Where the experiments of store `uri` keep their artifacts: `<dir>/mlartifacts` beside a
     `sqlite:///<dir>/<file>.db` (`ARTIFACT_ROOT` for the default store), None (the server's
     choice) for a tracking server, `ARTIFACT_ROOT` for any other store."""
     if uri.startswith(("http://", "https://", "databricks")):
         return None
-    if uri.startswith("sqlite:///"):
-        db = uri.removeprefix("sqlite:///").split("?", 1)[0]
-        if db and db != ":memory:":
-            return Path(db).expanduser().resolve().parent / "mlartifacts"
-    return ARTIFACT_ROOT
+    db = sqlite_file(uri)
+    return db.parent / "mlartifacts" if db is not None else ARTIFACT_ROOT
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive use of a SQLite store's `<file>.lock` (nothing for other stores)."""
+    db = sqlite_file(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_experiment(name: str, uri: str | None = None) -> str:
@@ -73,15 +99,16 @@ def ensure_experiment(name: str, uri: str | None = None) -> str:
 
     uri = uri or tracking_uri()
     check_reachable(uri)
-    client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.tags.get(KIND_TAG) != KIND:
-            client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
-        return found.experiment_id
-    root = artifact_root(uri)
-    location = (root / name).as_uri() if root is not None else None
-    return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: KIND})
+    with store_lock(uri):
+        client = mlflow.MlflowClient(uri)
+        found = client.get_experiment_by_name(name)  # opens the store: creates or migrates it
+        if found is not None:
+            if found.tags.get(KIND_TAG) != KIND:
+                client.set_experiment_tag(found.experiment_id, KIND_TAG, KIND)
+            return found.experiment_id
+        root = artifact_root(uri)
+        location = (root / name).as_uri() if root is not None else None
+        return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: KIND})
 
 
 @contextmanager

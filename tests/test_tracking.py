@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -59,3 +61,17 @@ def test_an_older_experiment_is_marked_as_model_training(mlflow_store):
     assert KIND_TAG not in client.get_experiment(experiment_id).tags
     assert ensure_experiment("mara-old") == experiment_id
     assert client.get_experiment(experiment_id).tags[KIND_TAG] == KIND
+
+
+def test_runs_started_together_on_a_new_store_all_get_its_experiment(tmp_path):
+    """Each process opening a new SQLite store migrates its schema; without taking turns,
+    one of several started at once fails."""
+    store = f"sqlite:///{tmp_path / 'new.db'}"
+    code = ("import sys; from mara_common.tracking import ensure_experiment; "
+            "print(ensure_experiment('mara-together', sys.argv[1]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, store], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    assert len({out.strip() for out, _ in outs}) == 1  # one experiment, found by all
+    assert len(mlflow.MlflowClient(store).search_experiments(filter_string="name = 'mara-together'")) == 1
