@@ -26,11 +26,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mara_env.env import MultiNodeEnv
+from mara_env.env import MultiNodeEnv, SlotView
 from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide, answer_queries, play_in_lockstep
 
 KINDS = ("swap", "drop")
+
+
+def view_without(env: MultiNodeEnv, dropped: set[int] | None) -> SlotView:
+    """The env's scheduler view with the tasks `dropped` (given up) hidden."""
+    view = env.scheduler_view()
+    if not dropped:
+        return view
+    return dataclasses.replace(view, present=view.present & ~np.isin(env.slot_task, list(dropped)))
 
 
 def blind_teacher(teacher: str, dropped: dict[int, set[int]]) -> BatchDecide:
@@ -38,14 +46,7 @@ def blind_teacher(teacher: str, dropped: dict[int, set[int]]) -> BatchDecide:
     allocator = ALLOCATORS[teacher]()
 
     def decide(obs: dict[str, np.ndarray] | None, envs: list[MultiNodeEnv]) -> np.ndarray:
-        actions = []
-        for env in envs:
-            view = env.scheduler_view()
-            gone = dropped.get(id(env))
-            if gone:
-                view = dataclasses.replace(view, present=view.present & ~np.isin(env.slot_task, list(gone)))
-            actions.append(allocator.act(view))
-        return np.stack(actions)
+        return np.stack([allocator.act(view_without(env, dropped.get(id(env)))) for env in envs])
 
     return decide
 

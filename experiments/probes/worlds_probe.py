@@ -43,7 +43,7 @@ from experiments.probes.common import add_common_flags, add_replay_flags, save_t
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import LARA, can_meet_deadlines, joint_action
-from mara_env.env import ACTIVE, WAITING, EnvConfig, MultiNodeEnv, SlotView
+from mara_env.env import ACTIVE, WAITING, EnvConfig, MultiNodeEnv
 from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_env.workload import true_demand
@@ -51,7 +51,7 @@ from mara_fm.bank import CurveSet
 from mara_fm.predictors import WARMUP_POINTS, FMPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_rl.evaluate import pooled_episodes
-from mara_rl.rollout_labels import KINDS, candidates
+from mara_rl.rollout_labels import KINDS, candidates, view_without
 
 TEACHER = "lara_optimistic"
 
@@ -123,6 +123,12 @@ def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0) ->
     return decide
 
 
+def truth(env: MultiNodeEnv) -> np.ndarray:
+    """Each task's true crossing, in observations from its start (inf: never)."""
+    demand = true_demand(env.episode, env.curves).astype(np.float64)
+    return np.where(demand > env.cap, np.inf, demand)
+
+
 def training_demands(cfg: EnvConfig, episodes: int = 40, seed: int = 12345) -> np.ndarray:
     """True demands (inf: never reached) of tasks of `episodes` training episodes: the prior of a
     task with no forecast yet."""
@@ -131,22 +137,8 @@ def training_demands(cfg: EnvConfig, episodes: int = 40, seed: int = 12345) -> n
     demands = []
     for i in range(episodes):
         env.reset(seed=seed + i)
-        demands.append(true_demand(env.episode, env.curves).astype(np.float64))
-    out = np.concatenate(demands)
-    return np.where(out > env.cap, np.inf, out)
-
-
-def without(env: MultiNodeEnv, dropped: set[int]) -> SlotView:
-    """The env's view with the `dropped` tasks hidden."""
-    view = env.scheduler_view()
-    return dataclasses.replace(view, present=view.present & ~np.isin(env.slot_task, list(dropped))) \
-        if dropped else view
-
-
-def truth(env: MultiNodeEnv) -> np.ndarray:
-    """Each task's true crossing, in observations from its start (inf: never)."""
-    demand = true_demand(env.episode, env.curves).astype(np.float64)
-    return np.where(demand > env.cap, np.inf, demand)
+        demands.append(truth(env))
+    return np.concatenate(demands)
 
 
 def sampled_worlds(env: MultiNodeEnv, fm: FMPredictor, worlds: int, prior: np.ndarray,
@@ -179,12 +171,13 @@ class World:
         self.env, self.ends, self.frozen = env.clone(), ends, frozen
         c = self.env
         c.task_avg = c.task_avg.copy()
-        for k in np.flatnonzero((c.status == ACTIVE) | (c.status == WAITING)).tolist():
+        present = np.flatnonzero((c.status == ACTIVE) | (c.status == WAITING))
+        for k in present.tolist():
             n, row = int(c.n_obs[k]), c.task_avg[k]
             row[n:] = np.maximum(row[n:], c.eps[k] * (1 + 1e-9))
             if ends[k] <= c.cap:
                 row[int(ends[k]) - 1] = c.eps[k] * (1 - 1e-9)
-        self.forecast(np.flatnonzero((c.status == ACTIVE) | (c.status == WAITING)))
+        self.forecast(present)
 
     def forecast(self, tasks: np.ndarray) -> None:
         c = self.env
@@ -203,7 +196,7 @@ class World:
             c.stale = c.stale[:0]
             if done:
                 return c.stats["successes"] - before
-            action = teacher.act(without(c, dropped))
+            action = teacher.act(view_without(c, dropped))
 
 
 def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta: float,
@@ -217,11 +210,11 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta
         actions = []
         for env in envs:
             gone = dropped.setdefault((id(env), env.resets), set())
-            action = teacher.act(without(env, gone))
+            action = teacher.act(view_without(env, gone))
             waiting = [k for k in env.slot_task.tolist() if k >= 0 and k not in gone]
             if len(waiting) > (action > 0).sum():
                 options = [(kind, x) for kind in KINDS for x in candidates(kind, action, env, alternatives, rng)]
-                firsts = [action] + [x if kind == "swap" else teacher.act(without(env, gone | {x}))
+                firsts = [action] + [x if kind == "swap" else teacher.act(view_without(env, gone | {x}))
                                      for kind, x in options]
                 if fm is None:
                     ends, frozen = truth(env)[None], {}
