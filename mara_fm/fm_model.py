@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from mara_fm.targets import HISTORY_FEATURES, STATIC_FEATURES
 
 PRIOR_MODES = ("off", "pretrain", "mixture")
+INFERENCE_BACKENDS = ("torch", "numpy")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,11 @@ class PredictorConfig:
     max_points: int = 12  # GRU steps at most (history thinning, see targets.py)
     recent_points: int = 6  # latest points always kept
     # network
-    # Chosen by family-held-out validation (experiments/probes/select_predictor.py): larger
-    # networks fit the ID families closer and forecast unseen families worse. Small
-    # also suits the simulator: a step may refresh 7 prefixes, and per-op overhead,
-    # not arithmetic, sets the cost of a call at this size.
+    # Chosen by family-held-out validation (experiments/probes/select_predictor.py) and the
+    # teacher on unseen families (unseen_families_probe.py): trained on the ID families
+    # alone, larger networks forecast unseen families worse; with the prior and the wide
+    # families 64/96/128 forecast them 8% better, but the teacher gained nothing from it
+    # (docs/decisions.md, "Predictor"). Small also keeps a simulator step cheap.
     gru_hidden: int = 16
     context_dim: int = 24
     width: int = 32  # velocity MLP
@@ -83,6 +85,9 @@ class PredictorConfig:
     sample_choices: tuple[int, ...] = (8, 16)
     step_choices: tuple[int, ...] = (1, 2, 4)
     sampling_tolerance: float = 0.02  # take the cheapest setting within 2% of the best val MAE
+    # How a loaded (frozen) predictor runs the network: "torch", or "numpy" (fm_numpy.py: the
+    # same network, faster at the simulator's few prefixes per call, equal to about 1e-6).
+    inference: str = "torch"
 
     def __post_init__(self) -> None:
         if isinstance(self.heldout_families, str):
@@ -103,6 +108,9 @@ class PredictorConfig:
         for name in ("sample_choices", "step_choices"):
             if not getattr(self, name) or min(getattr(self, name)) < 1:
                 raise ValueError(f"PredictorConfig.{name} must list counts >= 1, got {getattr(self, name)}")
+        if self.inference not in INFERENCE_BACKENDS:
+            raise ValueError(f"PredictorConfig.inference must be one of {list(INFERENCE_BACKENDS)}, "
+                             f"got {self.inference!r}")
         if self.prior not in PRIOR_MODES:
             raise ValueError(f"PredictorConfig.prior must be one of {list(PRIOR_MODES)}, got {self.prior!r}")
         if self.prior_curves < 1 or self.prior_epochs < 0:

@@ -18,6 +18,8 @@ import numpy as np
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
+from mara_fm.fm_model import INFERENCE_BACKENDS
+from mara_fm.predictors import FMPredictor, Predictor
 from mara_live.config import LiveConfig
 from mara_live.runner import run_live
 from mara_live.streams import generate_stream
@@ -141,16 +143,21 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
     `mat` the network whose decision latency is measured (the profile's), `live` a method
     and the settings of a short live run."""
     results: dict[str, float] = {}
-    predictors = ["wls", "oracle"] + ([f"fm:{fm_path}"] if fm_path else []) + \
-        ([f"history:{history_path}"] if history_path else [])
-    for predictor in predictors:
-        name = predictor.split(":")[0]
+    predictors: dict[str, str | Predictor] = {"wls": "wls", "oracle": "oracle"}
+    if fm_path:  # FM as exported, and on the other inference backend
+        exported = FMPredictor.load(fm_path)
+        predictors["fm"] = exported
+        for backend in (b for b in INFERENCE_BACKENDS if b != exported.cfg.inference):
+            predictors[f"fm_{backend}"] = FMPredictor.load(fm_path, inference=backend)
+    if history_path:
+        predictors["history"] = f"history:{history_path}"
+    for name, predictor in predictors.items():
         for num_envs in (1, pooled_envs):
             rate = env_steps_per_second(replace(cfg, predictor=predictor), steps, num_envs=num_envs)
             key = f"env_steps_per_s_{name}" + (f"_pooled{num_envs}" if num_envs > 1 else "")
             results[key] = rate
             how = "one env" if num_envs == 1 else f"{num_envs} envs pooled"
-            print(f"env steps/s, predictor={name:7s}: {rate:9.0f}  (one process, {how}, {steps} steps)")
+            print(f"env steps/s, predictor={name:9s}: {rate:9.0f}  (one process, {how}, {steps} steps)")
     ms = mat_decision_ms(cfg, mat)
     results["mat_decision_ms"] = ms
     print(f"MAT decision latency: {ms:.2f} ms per joint action "

@@ -13,6 +13,8 @@ import torch
 from mara_common.paths import PROJECT_ROOT
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import QueryConfig, make_queries, reference_curves, score
+from mara_fm.fm_model import FlowModel, PredictorConfig
+from mara_fm.fm_numpy import NumpyFlow
 from mara_fm.predictors import HistoryBatch, first_crossing, make_predictor
 from mara_fm.predictors.fm import (
     CONFIG_FILE,
@@ -21,6 +23,7 @@ from mara_fm.predictors.fm import (
     FMPredictor,
     sobol_normals,
 )
+from mara_fm.targets import HISTORY_FEATURES, STATIC_FEATURES
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +176,38 @@ def test_score_by_hand(queries):
     truth_ok, pred_ok = q.truth <= q.budget, pred <= q.budget
     assert out["budget_accuracy"] == pytest.approx(np.mean(truth_ok == pred_ok))
     assert out["n_queries"] == 4 and len(out["mae_by_rank"]) == 8
+
+
+@pytest.mark.parametrize("sizes", [dict(gru_hidden=16, context_dim=24, width=32, depth=1),
+                                   dict(gru_hidden=64, context_dim=96, width=128, depth=2)])
+def test_numpy_network_equals_torch(sizes):
+    """NumpyFlow reads the same weights as FlowModel and computes the same context and
+    sampled paths, prefixes of every length up to the GRU's window included."""
+    cfg = PredictorConfig(**sizes)
+    torch.manual_seed(1)
+    model = FlowModel(cfg).eval()
+    gen = torch.Generator().manual_seed(2)
+    points = torch.randn(9, cfg.max_points, HISTORY_FEATURES, generator=gen)
+    counts = torch.arange(1, 10).clamp(max=cfg.max_points)
+    static = torch.randn(9, STATIC_FEATURES, generator=gen)
+    z0 = torch.randn(5, cfg.n_boundaries, generator=gen)
+    with torch.inference_mode():
+        c = model.encode(points, counts, static)
+        z = model.sample(c, z0, 3)
+    flow = NumpyFlow(model)
+    c_np = flow.encode(points.numpy(), counts.numpy(), static.numpy())
+    np.testing.assert_allclose(c_np, c.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(flow.sample(c_np, z0.numpy(), 3), z.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_inference_is_a_loading_choice(predictor, queries, exported, tmp_path):
+    q = queries
+    on_torch, on_numpy = FMPredictor.load(exported), FMPredictor.load(exported, inference="numpy")
+    assert on_torch.numpy_flow is None and on_numpy.numpy_flow is not None
+    np.testing.assert_allclose(on_numpy.forecast(q.hist, q.horizon)[1], on_torch.forecast(q.hist, q.horizon)[1],
+                               rtol=1e-5)
+    np.testing.assert_allclose(_ask(on_numpy, q), _ask(on_torch, q), atol=0.05)
+    # The backend travels with the export, and a wrong name is refused with the setting's name.
+    assert FMPredictor.load(on_numpy.export(tmp_path / "np")).numpy_flow is not None
+    with pytest.raises(ValueError, match="PredictorConfig.inference"):
+        FMPredictor.load(exported, inference="jax")

@@ -5,7 +5,8 @@ points mapped to Gaussians, drawn once per sampling setting, so the same
 prefix gets the same answer in any process. An exported predictor is a folder
 with `config.json` (config + training statistics) and `weights.pt` (a plain
 state_dict, read with `weights_only=True`); loading needs neither Lightning
-nor any training code.
+nor any training code. A loaded predictor runs its network with the backend its
+config names (`PredictorConfig.inference`: torch, or NumPy via fm_numpy.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import numpy as np
 import torch
 
 from mara_common.config import make_config
+from mara_common.threads import blas_threads
 from mara_fm.fm_model import FlowModel, PredictorConfig
+from mara_fm.fm_numpy import NumpyFlow
 from mara_fm.predictors.base import HistoryBatch, Predictor
 from mara_fm.targets import (
     Stats,
@@ -61,7 +64,15 @@ class FMPredictor(Predictor):
         self.model = model
         self.cfg = cfg
         self.stats = stats
+        self.numpy_flow: NumpyFlow | None = None  # set by `freeze` for NumPy inference
         self.set_sampling(cfg.samples, cfg.euler_steps)
+
+    def freeze(self, inference: str) -> FMPredictor:
+        """Fix the weights for inference with `inference` ("torch" or "numpy"); the NumPy
+        backend copies them, so the model must not train any more."""
+        self.cfg = dataclasses.replace(self.cfg, inference=inference)
+        self.numpy_flow = NumpyFlow(self.model.eval()) if inference == "numpy" else None
+        return self
 
     def set_sampling(self, samples: int, steps: int) -> None:
         """Choose M and the Euler step count; redraws the fixed starting points."""
@@ -82,11 +93,17 @@ class FMPredictor(Predictor):
 
     def forecast(self, hist: HistoryBatch, horizon: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Boundaries s (E, H+1) and sampled cumulative-average paths L̂ (E, M, H+1)."""
-        device = next(self.model.parameters()).device
-        with torch.inference_mode():
-            c = self.model.encode(*(t.to(device) for t in self.encode(hist, horizon)))
-            z = self.model.sample(c, self._z0.to(device), self.cfg.euler_steps)
-        y = self.stats.target.invert(z.cpu().numpy().astype(np.float64))
+        inputs = self.encode(hist, horizon)
+        if self.numpy_flow is not None:
+            flow = self.numpy_flow
+            with blas_threads(1):
+                z = flow.sample(flow.encode(*(t.numpy() for t in inputs)), self._z0.numpy(), self.cfg.euler_steps)
+        else:
+            device = next(self.model.parameters()).device
+            with torch.inference_mode():
+                c = self.model.encode(*(t.to(device) for t in inputs))
+                z = self.model.sample(c, self._z0.to(device), self.cfg.euler_steps).cpu().numpy()
+        y = self.stats.target.invert(z.astype(np.float64))
         start = hist.lengths * hist.batch_size.astype(np.float64)
         h = horizon * hist.batch_size
         _, paths = decode_targets(y, hist.current, start, h, self.cfg.delta)
@@ -119,8 +136,9 @@ class FMPredictor(Predictor):
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> FMPredictor:
-        """Load an exported predictor folder; `ArtifactError` names the file at fault."""
+    def load(cls, path: str | Path, inference: str | None = None) -> FMPredictor:
+        """Load an exported predictor folder, run by its config's backend unless `inference`
+        names another; `ArtifactError` names the file at fault."""
         path = Path(path)
         cfg_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
         for f in (cfg_file, weights_file):
@@ -145,4 +163,4 @@ class FMPredictor(Predictor):
         if broken:
             raise ArtifactError(f"{weights_file}: FM weights hold NaN or inf (in {broken[0]}); "
                                 "retrain the predictor")
-        return cls(model.eval(), cfg, stats)
+        return cls(model.eval(), cfg, stats).freeze(inference or cfg.inference)
