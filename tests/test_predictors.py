@@ -47,6 +47,15 @@ def test_warmup_rule_and_already_crossed():
     assert est[2] == 0.0  # already at the threshold
 
 
+@pytest.mark.parametrize("optimistic", [None, 0.15])
+def test_an_empty_batch_gets_an_empty_answer(untrained_fm, optimistic):
+    empty = HistoryBatch(np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0),
+                         future=np.zeros((0, 300)))
+    for predictor in (WLSPredictor(), OraclePredictor(), untrained_fm):
+        est = predictor.remaining_batches(empty, np.zeros(0), np.zeros(0), optimistic)
+        assert est.shape == ((0,) if optimistic is None else (0, 2))
+
+
 def test_oracle_reads_the_true_future_and_learned_predictors_do_not():
     curve = power_law(300)
     curve[150:] = curve[149]  # plateau: never reaches deeper thresholds

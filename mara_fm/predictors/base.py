@@ -85,7 +85,7 @@ class Predictor(ABC):
         def predict(h: HistoryBatch, e: np.ndarray, hz: np.ndarray) -> np.ndarray:
             return self._predict(h, e, hz) if optimistic is None else self._predict_band(h, e, hz, optimistic)
 
-        if ready.all():
+        if ready.all() and len(hist):
             raw = predict(hist, eps, horizon)
         else:
             raw = horizon.copy() if optimistic is None else np.stack([horizon, horizon], axis=1)
