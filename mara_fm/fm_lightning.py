@@ -9,6 +9,8 @@ checkpoint selection uses.
 
 from __future__ import annotations
 
+import dataclasses
+
 import lightning as L
 import torch
 from torch.nn import functional as F
@@ -24,7 +26,8 @@ class FMLightning(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.model = FlowModel(cfg)
-        self.predictor = FMPredictor(self.model, cfg, stats)
+        # Validation samples from the weights as they train: torch, whatever the export will use.
+        self.predictor = FMPredictor(self.model, dataclasses.replace(cfg, inference="torch"), stats)
 
     def cfm_loss(self, points: torch.Tensor, counts: torch.Tensor, static: torch.Tensor,
                  z1: torch.Tensor, z0: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 from mara_common.paths import PROJECT_ROOT
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import QueryConfig, make_queries, reference_curves, score
+from mara_fm.fm_lightning import FMLightning
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.fm_numpy import NumpyFlow
 from mara_fm.predictors import HistoryBatch, first_crossing, make_predictor
@@ -209,5 +211,8 @@ def test_numpy_inference_is_a_loading_choice(predictor, queries, exported, tmp_p
     np.testing.assert_allclose(_ask(on_numpy, q), _ask(on_torch, q), atol=0.05)
     # The backend travels with the export, and a wrong name is refused with the setting's name.
     assert FMPredictor.load(on_numpy.export(tmp_path / "np")).numpy_flow is not None
+    # A network still training validates on torch: a NumPy copy of its weights would go stale.
+    training = FMLightning(dataclasses.replace(predictor.cfg, inference="numpy"), predictor.stats)
+    assert training.predictor.numpy_flow is None
     with pytest.raises(ValueError, match="PredictorConfig.inference"):
         FMPredictor.load(exported, inference="jax")

@@ -61,18 +61,13 @@ class FMPredictor(Predictor):
     name = "fm"
 
     def __init__(self, model: FlowModel, cfg: PredictorConfig, stats: Stats) -> None:
+        """With `cfg.inference = "numpy"` the network runs on a copy of `model`'s weights
+        taken now, so a model still training must come with "torch"."""
         self.model = model
         self.cfg = cfg
         self.stats = stats
-        self.numpy_flow: NumpyFlow | None = None  # set by `freeze` for NumPy inference
+        self.numpy_flow = NumpyFlow(model) if cfg.inference == "numpy" else None
         self.set_sampling(cfg.samples, cfg.euler_steps)
-
-    def freeze(self, inference: str) -> FMPredictor:
-        """Fix the weights for inference with `inference` ("torch" or "numpy"); the NumPy
-        backend copies them, so the model must not train any more."""
-        self.cfg = dataclasses.replace(self.cfg, inference=inference)
-        self.numpy_flow = NumpyFlow(self.model.eval()) if inference == "numpy" else None
-        return self
 
     def set_sampling(self, samples: int, steps: int) -> None:
         """Choose M and the Euler step count; redraws the fixed starting points."""
@@ -163,4 +158,4 @@ class FMPredictor(Predictor):
         if broken:
             raise ArtifactError(f"{weights_file}: FM weights hold NaN or inf (in {broken[0]}); "
                                 "retrain the predictor")
-        return cls(model.eval(), cfg, stats).freeze(inference or cfg.inference)
+        return cls(model.eval(), dataclasses.replace(cfg, inference=inference or cfg.inference), stats)
