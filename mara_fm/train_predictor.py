@@ -130,8 +130,9 @@ def _train(profile: Profile, bank_path: str | Path | None, out_dir: str | Path |
     last = ckpt_dir / "last.ckpt"
     if not resume:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
-    # Training longer is a resume; anything else the checkpoint was fitted to must match.
-    settings = {k: v for k, v in asdict(cfg).items() if k != "max_epochs"}
+    # Training longer is a resume, and the backend a loaded predictor runs on is not an input
+    # of training; anything else the checkpoint was fitted to must match.
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("max_epochs", "inference")}
     inputs = {"bank": normal_path(bank_path), "bank_digest": bank_digest(bank_path),
               "config": json.loads(json.dumps(settings))}
     if wide_bank is not None:

@@ -50,10 +50,12 @@ def test_mlflow_run_holds_params_metrics_and_predictor(trained):
 def test_resume_continues_from_last_checkpoint(trained, smoke_bank):
     result, root, _ = trained
     epochs = len(result.history)
+    # The inference backend is not an input of training: changing it resumes too.
     again = train_predictor("smoke", smoke_bank, root / "out", resume=True, verbose=False,
-                            max_epochs=epochs + 1)
+                            max_epochs=epochs + 1, inference="numpy")
     assert [h["epoch"] for h in again.history] == [epochs]
     assert again.run_id == result.run_id
+    assert FMPredictor.load(again.predictor_path).numpy_flow is not None
 
 
 def test_eval_command_writes_report(trained, smoke_bank, tmp_path):
