@@ -15,6 +15,11 @@ The table's `weighted` column is the teacher's success weighted as the test
 mean weighs the task sets: one third on the ID families (ID val), two thirds
 on families the predictor never saw (the folds' mean).
 
+`--crossing-scales` also tries each candidate with its sampled crossings (remaining
+batches) multiplied by a factor, capped at the horizon: a correction of the low
+bias FM's samples show on families it never saw, chosen here on the folds like
+everything else (1 = the predictor as trained).
+
 It takes `select_predictor.py`'s grid and fold flags and reuses its --work folder
 (candidates it has not trained are trained first). Run from the project root:
 
@@ -30,6 +35,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from experiments.probes.common import add_common_flags, save_table, success
@@ -43,11 +49,27 @@ from experiments.probes.select_predictor import (
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
 from mara_fm.bank import CurveSet, save_bank
-from mara_fm.predictors import make_predictor
+from mara_fm.predictors import FMPredictor
+from mara_fm.predictors.base import HistoryBatch
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import pooled_episodes
 
 PLANNERS = {"teacher": "lara_optimistic", "LARA": "lara"}
+
+
+class ScaledFM(FMPredictor):
+    """FM with every sampled crossing multiplied by `scale` (capped at the horizon)."""
+
+    def __init__(self, base: FMPredictor, scale: float) -> None:
+        super().__init__(base.model, base.cfg, base.stats)
+        self.scale = scale
+
+    def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        return np.minimum(super().sorted_crossings(hist, eps, horizon) * self.scale, horizon[:, None])
+
+
+def scaled(predictor: FMPredictor, scale: float) -> FMPredictor:
+    return predictor if scale == 1 else ScaledFM(predictor, scale)
 
 
 def heldout_bank(frame: pd.DataFrame, curves: CurveSet, out: Path) -> Path:
@@ -61,32 +83,43 @@ def main(argv: list[str] | None = None) -> Path:
     add_common_flags(parser)
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
+    parser.add_argument("--crossing-scales", default="1",
+                        help="comma-separated factors on FM's sampled crossings, each tried with every candidate")
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
+    scales = [float(x) for x in args.crossing_scales.split(",")]
+    if not scales or min(scales) <= 0:
+        parser.error("--crossing-scales: positive factors, comma-separated")
     profile, bank, grid, folds = sel.profile, sel.bank, sel.grid, sel.folds
     base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
     id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
+    labels = {(name, scale): f"{name}" + (f" x{scale:g}" if scale != 1 else "") for name in grid for scale in scales}
     on_id: dict[str, float] = {}
     for name, overrides in grid.items():
         result = train_predictor(profile, bank, args.work / name, verbose=False, **overrides)
-        with torch_threads(1):
-            on_id[name] = success(id_val, id_episodes, make_predictor(f"fm:{result.predictor_path}"))
-        print(f"[unseen] {name} on ID val: teacher {on_id[name]:.2f}", flush=True)
-    table: dict[str, list[dict[str, float]]] = {n: [] for n in grid}
+        full = FMPredictor.load(result.predictor_path)
+        for scale in scales:
+            label = labels[name, scale]
+            with torch_threads(1):
+                on_id[label] = success(id_val, id_episodes, scaled(full, scale))
+            print(f"[unseen] {label} on ID val: teacher {on_id[label]:.2f}", flush=True)
+    table: dict[str, list[dict[str, float]]] = {label: [] for label in labels.values()}
     for fold in folds:
         curves = heldout_curves(sel.frame, fold)
         path = heldout_bank(sel.frame, curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
         for name in grid:
-            predictor = fold_predictor(sel, args.work, name, fold)
-            with torch_threads(1):
-                row = {label: success(cfg, episodes, predictor, planner) for label, planner in PLANNERS.items()}
-            row["mae"] = heldout_mae(predictor, curves)
-            table[name].append(row)
-            print(f"[unseen] {'+'.join(fold)} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
-                  flush=True)
+            trained = fold_predictor(sel, args.work, name, fold)
+            for scale in scales:
+                predictor, label = scaled(trained, scale), labels[name, scale]
+                with torch_threads(1):
+                    row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
+                row["mae"] = heldout_mae(predictor, curves)
+                table[label].append(row)
+                print(f"[unseen] {'+'.join(fold)} {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
+                      flush=True)
     lines = [f"Folds: {'; '.join(', '.join(f) for f in folds)}. Each fold: {args.roots} x {args.episodes_per_root} "
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
              "without those families (last checkpoint). Success %, mean over folds (per fold in brackets). "
