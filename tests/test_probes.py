@@ -9,12 +9,15 @@ import math
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.registry import ALLOCATORS
+from mara_fm.bank import load_bank, select
+from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_rl.policy import export_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
 
@@ -146,14 +149,27 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
         (tmp_path / "work" / "t2-mlp_wine" / "inputs.json").read_text())
 
     # The same candidates (already trained) drive the teacher and LARA on the held-out families' episodes.
-    path = run("unseen_families_probe", smoke_bank, tmp_path, *grid, "--roots", "1", "--episodes-per-root", "1")
+    path = run("unseen_families_probe", smoke_bank, tmp_path, *grid, "--roots", "1", "--episodes-per-root", "1",
+               "--crossing-scales", "1,2")
     [table] = tables(path)
-    assert [r[0] for r in table] == ["t2", "t2-wide", "t2-mixture", "t2-mixture-wide"]
+    assert [r[0] for r in table] == [f"{name}{scale}" for name in ("t2", "t2-wide", "t2-mixture", "t2-mixture-wide")
+                                     for scale in ("", " x2")]
     mae_by_name = {r[0]: number(r[5]) for r in rows}
     for name, teacher, lara, mae, on_id, weighted in table:
         assert 0 <= percent(teacher.split()[0]) and 0 <= percent(lara.split()[0]) and 0 <= percent(on_id)
-        assert number(mae.split()[0]) == pytest.approx(mae_by_name[name], abs=0.01)
+        if name in mae_by_name:
+            assert number(mae.split()[0]) == pytest.approx(mae_by_name[name], abs=0.01)
         assert number(weighted) == pytest.approx((number(on_id) + 2 * number(teacher.split()[0])) / 3, abs=0.01)
+
+
+def test_scaled_fm_scales_every_crossing_up_to_the_horizon(untrained_fm, smoke_bank):
+    unseen = probe("unseen_families_probe")
+    test = select(load_bank(smoke_bank), "id", "test")
+    q = make_queries(test, reference_curves(test, None))
+    base = untrained_fm.sorted_crossings(q.hist, q.eps, q.horizon)
+    doubled = unseen.ScaledFM(untrained_fm, 2.0).sorted_crossings(q.hist, q.eps, q.horizon)
+    np.testing.assert_allclose(doubled, np.minimum(2 * base, q.horizon[:, None]))
+    assert (doubled > base).any() and unseen.scaled(untrained_fm, 1.0) is untrained_fm
 
 
 def test_worlds_probe(smoke_bank, fm_dir, tmp_path):
