@@ -155,8 +155,9 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
     assert [r[0] for r in table] == [f"{name}{scale}" for name in ("t2", "t2-wide", "t2-mixture", "t2-mixture-wide")
                                      for scale in ("", " x2")]
     mae_by_name = {r[0]: number(r[5]) for r in rows}
-    for name, teacher, lara, mae, on_id, weighted in table:
+    for name, teacher, lara, mae, calib, on_id, weighted in table:
         assert 0 <= percent(teacher.split()[0]) and 0 <= percent(lara.split()[0]) and 0 <= percent(on_id)
+        assert 0 <= number(calib) <= 1
         if name in mae_by_name:
             assert number(mae.split()[0]) == pytest.approx(mae_by_name[name], abs=0.01)
         assert number(weighted) == pytest.approx((number(on_id) + 2 * number(teacher.split()[0])) / 3, abs=0.01)

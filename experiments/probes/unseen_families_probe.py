@@ -49,6 +49,13 @@ from experiments.probes.select_predictor import (
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
 from mara_fm.bank import CurveSet, save_bank
+from mara_fm.eval_predictor import (
+    calibration_max_dev,
+    crossing_samples,
+    make_queries,
+    reference_curves,
+    reliability,
+)
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_fm.train_predictor import train_predictor
@@ -70,6 +77,14 @@ class ScaledFM(FMPredictor):
 
 def scaled(predictor: FMPredictor, scale: float) -> FMPredictor:
     return predictor if scale == 1 else ScaledFM(predictor, scale)
+
+
+def heldout_calibration(predictor: FMPredictor, curves: CurveSet) -> tuple[float, np.ndarray]:
+    """On `curves`' queries: the largest |share − k/(M+1)| of the reliability curve, and the
+    curve (for sample k, the share of queries whose true demand lies below it)."""
+    queries = make_queries(curves, reference_curves(curves, None))
+    shares = reliability(crossing_samples(predictor, queries, predictor.cfg.samples), queries.truth)
+    return calibration_max_dev(shares), shares
 
 
 def heldout_bank(frame: pd.DataFrame, curves: CurveSet, out: Path) -> Path:
@@ -105,6 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
                 on_id[label] = success(id_val, id_episodes, scaled(full, scale))
             print(f"[unseen] {label} on ID val: teacher {on_id[label]:.2f}", flush=True)
     table: dict[str, list[dict[str, float]]] = {label: [] for label in labels.values()}
+    shares: dict[str, dict[tuple[str, ...], np.ndarray]] = {label: {} for label in labels.values()}
     for fold in folds:
         curves = heldout_curves(sel.frame, fold)
         path = heldout_bank(sel.frame, curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
@@ -117,6 +133,7 @@ def main(argv: list[str] | None = None) -> Path:
                 with torch_threads(1):
                     row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
                 row["mae"] = heldout_mae(predictor, curves)
+                row["calib"], shares[label][fold] = heldout_calibration(predictor, curves)
                 table[label].append(row)
                 print(f"[unseen] {'+'.join(fold)} {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
                       flush=True)
@@ -124,13 +141,19 @@ def main(argv: list[str] | None = None) -> Path:
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
              "without those families (last checkpoint). Success %, mean over folds (per fold in brackets). "
              "`ID val`: the teacher on the ID val episodes with the candidate trained on all its families.", "",
-             "| candidate | teacher, unseen | LARA, unseen | held-out MAE | teacher, ID val | weighted |",
-             "|---|---|---|---|---|---|"]
+             "| candidate | teacher, unseen | LARA, unseen | held-out MAE | calib. dev | teacher, ID val | weighted |",
+             "|---|---|---|---|---|---|---|"]
     for name, rows in table.items():
-        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("teacher", "LARA", "mae")}
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("teacher", "LARA", "mae", "calib")}
         cells = [f"{mean[k]:.2f} ({' / '.join(f'{r[k]:.1f}' for r in rows)})" for k in ("teacher", "LARA", "mae")]
         weighted = (on_id[name] + 2 * mean["teacher"]) / 3
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {on_id[name]:.2f} | {weighted:.2f} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean['calib']:.3f} | {on_id[name]:.2f} | {weighted:.2f} |")
+    lines += ["", "Reliability on the held-out curves, mean over folds (share of queries whose true demand lies "
+              "below the k-th smallest of the M samples; calibrated: k/(M+1)):", ""]
+    for name, by_fold in shares.items():
+        curve = np.mean(list(by_fold.values()), axis=0)
+        nominal = np.arange(1, len(curve) + 1) / (len(curve) + 1)
+        lines.append(f"- {name}: " + ", ".join(f"{s:.2f} ({n:.2f})" for s, n in zip(curve, nominal, strict=True)))
     print("\n".join(lines))
     return save_table(lines, args.out, "unseen_families_probe.md")
 
