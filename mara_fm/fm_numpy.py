@@ -3,7 +3,7 @@
 Why: the simulator asks FM about a handful of prefixes per step (one per node that
 served), and at that size torch's per-operation dispatch costs more than the
 arithmetic: a GRU step alone is about eight ATen calls. NumPy's smaller overhead
-makes an env step with FM inside about 1.6x faster (`make bench`). The two agree to
+makes an env step with FM inside about 1.4x faster (`make bench`). The two agree to
 about 1e-6 (float32 sums in another order), which can still flip a near-tie between
 two tasks, so the backend is a setting (`PredictorConfig.inference`) and a profile
 changes it only together with retraining what reads FM (docs/decisions.md).
