@@ -60,7 +60,7 @@ from experiments.probes.common import add_common_flags, save_table
 from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
 from mara_fm.build_bank import ensure_wide_bank
-from mara_fm.eval_predictor import make_queries, reference_curves, score
+from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
 from mara_fm.fm_data import FMDataModule, split_curves
 from mara_fm.fm_lightning import FMLightning
 from mara_fm.fm_model import FlowModel, PredictorConfig
@@ -117,9 +117,13 @@ def heldout_curves(frame: pd.DataFrame, fold: tuple[str, ...]) -> CurveSet:
     return split_curves(frame, fold)[1]
 
 
-def heldout_mae(predictor: FMPredictor, curves: CurveSet) -> float:
-    """Capped MAE on `curves` by the project's query protocol (eval_predictor.py)."""
-    queries = make_queries(curves, reference_curves(curves, None))
+def heldout_queries(curves: CurveSet) -> Queries:
+    """The project's evaluation queries (eval_predictor.py) on a fold's held-out `curves`."""
+    return make_queries(curves, reference_curves(curves, None))
+
+
+def heldout_mae(predictor: FMPredictor, queries: Queries) -> float:
+    """Capped MAE on held-out `queries`."""
     return score(predictor.remaining_batches(queries.hist, queries.eps, queries.horizon), queries)["capped_mae"]
 
 
@@ -195,12 +199,13 @@ def main(argv: list[str] | None = None) -> Path:
     add_common_flags(parser)
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
+    queries = {fold: heldout_queries(heldout_curves(sel.frame, fold)) for fold in sel.folds}
     rows = []
     for name, overrides in sel.grid.items():
         maes = []
         for fold in sel.folds:
             predictor = fold_predictor(sel, args.work, name, fold)
-            maes.append(heldout_mae(predictor, heldout_curves(sel.frame, fold)))
+            maes.append(heldout_mae(predictor, queries[fold]))
             print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "mae": sum(maes) / len(maes), "folds": maes,

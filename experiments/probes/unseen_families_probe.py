@@ -44,18 +44,13 @@ from experiments.probes.select_predictor import (
     fold_predictor,
     heldout_curves,
     heldout_mae,
+    heldout_queries,
     parse_selection,
 )
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
 from mara_fm.bank import CurveSet, save_bank
-from mara_fm.eval_predictor import (
-    calibration_max_dev,
-    crossing_samples,
-    make_queries,
-    reference_curves,
-    reliability,
-)
+from mara_fm.eval_predictor import Queries, calibration_max_dev, crossing_samples, reliability
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_fm.train_predictor import train_predictor
@@ -79,10 +74,9 @@ def scaled(predictor: FMPredictor, scale: float) -> FMPredictor:
     return predictor if scale == 1 else ScaledFM(predictor, scale)
 
 
-def heldout_calibration(predictor: FMPredictor, curves: CurveSet) -> tuple[float, np.ndarray]:
-    """On `curves`' queries: the largest |share − k/(M+1)| of the reliability curve, and the
+def heldout_calibration(predictor: FMPredictor, queries: Queries) -> tuple[float, np.ndarray]:
+    """On held-out `queries`: the largest |share − k/(M+1)| of the reliability curve, and the
     curve (for sample k, the share of queries whose true demand lies below it)."""
-    queries = make_queries(curves, reference_curves(curves, None))
     shares = reliability(crossing_samples(predictor, queries, predictor.cfg.samples), queries.truth)
     return calibration_max_dev(shares), shares
 
@@ -126,14 +120,15 @@ def main(argv: list[str] | None = None) -> Path:
         path = heldout_bank(sel.frame, curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
+        queries = heldout_queries(curves)
         for name in grid:
             trained = fold_predictor(sel, args.work, name, fold)
             for scale in scales:
                 predictor, label = scaled(trained, scale), labels[name, scale]
                 with torch_threads(1):
                     row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
-                row["mae"] = heldout_mae(predictor, curves)
-                row["calib"], shares[label][fold] = heldout_calibration(predictor, curves)
+                row["mae"] = heldout_mae(predictor, queries)
+                row["calib"], shares[label][fold] = heldout_calibration(predictor, queries)
                 table[label].append(row)
                 print(f"[unseen] {'+'.join(fold)} {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
                       flush=True)
