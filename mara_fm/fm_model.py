@@ -32,6 +32,9 @@ class PredictorConfig:
     delta: float = 1e-8
     max_points: int = 12  # GRU steps at most (history thinning, see targets.py)
     recent_points: int = 6  # latest points always kept
+    # W > 0: a 5th per-point feature, the mean per-batch loss since the previous kept point (at
+    # least the last W batches) over L_cur (targets.history_features). 0: the four of §5.1.
+    interval_window: int = 0
     # network
     # Chosen by family-held-out validation (experiments/probes/select_predictor.py) and the
     # teacher on unseen families (unseen_families_probe.py): trained on the ID families
@@ -133,7 +136,7 @@ class HistoryEncoder(nn.Module):
 
     def __init__(self, cfg: PredictorConfig) -> None:
         super().__init__()
-        self.gru = nn.GRU(HISTORY_FEATURES, cfg.gru_hidden, batch_first=True)
+        self.gru = nn.GRU(HISTORY_FEATURES + (cfg.interval_window > 0), cfg.gru_hidden, batch_first=True)
 
     def forward(self, points: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         # Right padding keeps the GRU causal, so the output at count-1 ignores the pad.

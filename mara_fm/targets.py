@@ -59,23 +59,46 @@ def _thinning_table(size: int, max_points: int, recent_points: int) -> tuple[np.
 
 
 def history_features(avg: np.ndarray, lengths: np.ndarray, batch_size: np.ndarray,
-                     max_points: int, recent_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-point features of each (thinned) prefix: (E, max_points, 4) and counts (E,).
+                     max_points: int, recent_points: int,
+                     interval_window: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-point features of each (thinned) prefix: (E, max_points, 4 or 5) and counts (E,).
 
     `avg` holds cumulative averages, row e valid up to `lengths[e]` (the rest
-    is ignored); point i sits at s = (i+1)·batch_size.
+    is ignored); point i sits at s = (i+1)·batch_size. With `interval_window`
+    W > 0 a 5th feature gives, per kept point, log of the mean per-batch loss
+    over the batches since the previous kept point, at least the last W, over
+    L_cur: the past in the form of FM's targets (`encode_targets`), where a
+    cumulative average hides the current loss.
     """
     table, count_table = thinning_table(avg.shape[1], max_points, recent_points)
     idx = table[lengths]
     counts = count_table[lengths]
     rows = np.arange(len(lengths))
     log_loss = np.log(avg[rows[:, None], idx])
-    feats = np.empty((*idx.shape, 4))
+    feats = np.empty((*idx.shape, 4 + (interval_window > 0)))
     feats[..., 0] = np.log(idx + 1.0) + np.log(batch_size.astype(np.float64))[:, None]
     feats[..., 1] = log_loss - log_loss[rows, counts - 1][:, None]  # the last kept point is L_cur
-    feats[:, 0, 2:] = 0.0
-    feats[:, 1:, 2:] = np.diff(feats[..., :2], axis=1)
+    feats[:, 0, 2:4] = 0.0
+    feats[:, 1:, 2:4] = np.diff(feats[..., :2], axis=1)
+    if interval_window > 0:
+        means = interval_mean_losses(avg, idx, interval_window)
+        feats[..., 4] = np.log(means) - log_loss[rows, counts - 1][:, None]
     return feats, counts
+
+
+def interval_mean_losses(avg: np.ndarray, idx: np.ndarray, window: int) -> np.ndarray:
+    """(E, P): at each kept point idx[e, i], the mean per-batch loss over the batches since the
+    previous kept point, at least the last `window` (all of them if fewer), recovered from the
+    cumulative averages: (k·L_k − j·L_j) / (k − j), k = idx + 1 batches. A padded point (a
+    repeat of the last) gets the mean of its last `window` batches, finite and never read;
+    rounding below zero is floored."""
+    rows = np.arange(len(idx))[:, None]
+    k = idx + 1
+    previous = np.concatenate([np.zeros_like(k[:, :1]), k[:, :-1]], axis=1)
+    j = np.maximum(np.minimum(previous, k - window), 0)
+    at_k = avg[rows, idx]
+    at_j = np.where(j > 0, avg[rows, np.maximum(j - 1, 0)], 0.0)
+    return np.maximum((k * at_k - j * at_j) / (k - j), 1e-6 * at_k)
 
 
 def static_features(batch_size: np.ndarray, lr: np.ndarray, current: np.ndarray,

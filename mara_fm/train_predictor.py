@@ -112,8 +112,16 @@ def check_inputs(out_dir: Path, inputs: dict) -> None:
     if not (out_dir / "checkpoints").exists():
         return
     stored = json.loads(stored_file.read_text()) if stored_file.exists() else None
+    if stored is not None and isinstance(stored.get("config"), dict):
+        # A setting added to PredictorConfig since the run was recorded, at its default, changes nothing.
+        defaults = json.loads(json.dumps(asdict(PredictorConfig())))
+        added = {k: defaults[k] for k in inputs["config"] if k not in stored["config"] and k in defaults}
+        stored = {**stored, "config": {**stored["config"], **added}}
     if stored != inputs:
         changed = sorted(k for k in inputs if (stored or {}).get(k) != inputs[k]) if stored else ["unrecorded"]
+        if "config" in changed and isinstance(stored.get("config"), dict):  # name the settings
+            changed.remove("config")
+            changed += sorted(f"config.{k}" for k in inputs["config"] if stored["config"].get(k) != inputs["config"][k])
         raise ConfigError(f"{out_dir} holds a predictor training run with other inputs "
                           f"({', '.join(changed)}): pass --fresh to start over, or another --out")
 

@@ -91,6 +91,25 @@ def test_history_features_ignore_padding_and_match_definition(curves):
     assert f[-1, 1] == 0.0
 
 
+def test_interval_mean_feature_is_the_mean_batch_loss_between_kept_points(curves):
+    """The 5th feature recovers the per-batch losses the cumulative averages hide: at each kept
+    point, the mean loss since the previous kept point (at least the last W batches), over
+    L_cur; the other four features are unchanged and padding stays finite."""
+    avg, b, n = curves.avg[:2], curves.batch_size[:2], np.array([9, 200])
+    plain, _ = history_features(avg, n, b, 12, 6)
+    feats, counts = history_features(avg, n, b, 12, 6, interval_window=1)
+    np.testing.assert_array_equal(feats[..., :4], plain)
+    assert np.isfinite(feats).all()
+    np.testing.assert_allclose(np.exp(feats[0, :9, 4]) * avg[0, 8], curves.losses[0, :9], rtol=1e-9)
+    kept = thinning_table(curves.cap, 12, 6)[0][200]
+    gaps = [curves.losses[1, a + 1 : c + 1].mean() for a, c in zip(kept[:-1], kept[1:], strict=True)]
+    np.testing.assert_allclose(np.exp(feats[1, 1:counts[1], 4]) * avg[1, 199], gaps, rtol=1e-9)
+    wide, _ = history_features(avg, n, b, 12, 6, interval_window=16)
+    windows = [curves.losses[1, max(min(a + 1, c + 1 - 16), 0) : c + 1].mean()
+               for a, c in zip(kept[:-1], kept[1:], strict=True)]
+    np.testing.assert_allclose(np.exp(wide[1, 1:counts[1], 4]) * avg[1, 199], windows, rtol=1e-9)
+
+
 def test_crossing_interpolates_and_caps():
     paths = np.array([[[1.0, 0.8, 0.6, 0.4], [1.0, 0.95, 0.9, 0.85], [1.0, 0.7, 0.7, 0.7]]])
     r = crossing_batches(paths, np.array([0.7]), np.array([6.0]))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 import pytest
 
+from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_fm.commands import register
 from mara_fm.predictors.fm import FMPredictor
-from mara_fm.train_predictor import EXPERIMENT, train_predictor
+from mara_fm.train_predictor import EXPERIMENT, INPUTS_FILE, check_inputs, train_predictor
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,32 @@ def test_resume_continues_from_last_checkpoint(trained, smoke_bank):
     assert [h["epoch"] for h in again.history] == [epochs]
     assert again.run_id == result.run_id
     assert FMPredictor.load(again.predictor_path).numpy_flow is not None
+
+
+def test_interval_mean_inputs_train_and_travel_with_the_export(trained, smoke_bank, tmp_path):
+    """With `interval_window` the network reads five features per point, in training and in
+    the exported predictor, which says so in its config."""
+    result = train_predictor("smoke", smoke_bank, tmp_path / "out", resume=False, verbose=False,
+                             max_epochs=2, interval_window=16)
+    fm = FMPredictor.load(result.predictor_path)
+    assert fm.cfg.interval_window == 16
+    assert fm.model.encoder.gru.input_size == 5 and fm.stats.history.mean.shape == (5,)
+    assert result.history[-1]["val/loss"] < result.history[0]["val/loss"]
+
+
+def test_a_setting_added_since_a_run_resumes_at_its_default_only(trained, tmp_path):
+    """A run recorded before a PredictorConfig field existed resumes while the field keeps its
+    default; set otherwise, the checkpoint was fitted to something else and is refused."""
+    _, root, _ = trained
+    stored = json.loads((root / "out" / INPUTS_FILE).read_text())
+    inputs = json.loads(json.dumps(stored))
+    del stored["config"]["interval_window"]
+    shutil.copytree(root / "out" / "checkpoints", tmp_path / "checkpoints")
+    (tmp_path / INPUTS_FILE).write_text(json.dumps(stored))
+    check_inputs(tmp_path, inputs)
+    inputs["config"]["interval_window"] = 16
+    with pytest.raises(ConfigError, match="interval_window"):
+        check_inputs(tmp_path, inputs)
 
 
 def test_eval_command_writes_report(trained, smoke_bank, tmp_path):

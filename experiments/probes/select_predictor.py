@@ -31,7 +31,10 @@ bank's eight (`PredictorConfig.wide_families`; among near-ties ID only, the
 smaller training set, is preferred). Folds may hold out wide families; a
 candidate trained without them is scored on the same held-out curves, so
 every candidate of a fold answers the same question: forecasts for families
-it never saw.
+it never saw. `--inputs level,interval,interval16` adds the history encoding
+(`PredictorConfig.interval_window`: the four level features, or a 5th of
+interval means over at least 1 or 16 batches); among near-ties the four
+features are preferred.
 
 The held-out MAE is computed here from each candidate's last checkpoint with
 the config's sampling settings, on the held-out families' train + val curves
@@ -73,6 +76,7 @@ from mara_fm.wide_families import WIDE_FAMILIES
 HELDOUT = ("mlp_diabetes", "logreg_cancer")
 PRIOR_COST = {"off": 0, "pretrain": 1, "mixture": 2}
 DATA = {"id": False, "wide": True}  # --data value -> PredictorConfig.wide_families
+INPUTS = {"level": 0, "interval": 1, "interval16": 16}  # --inputs value -> PredictorConfig.interval_window
 NETWORKS = {"large": {"gru_hidden": 64, "context_dim": 96, "width": 128},
             "default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
             "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
@@ -82,12 +86,15 @@ TOLERANCE = 0.02
 
 
 def candidates(networks: list[str], epochs: list[int], priors: list[str],
-               data: tuple[str, ...] = ("id",)) -> dict[str, dict[str, Any]]:
-    """Every network × training length × prior × training families, named like `s25` (small,
-    25 epochs, no prior, ID families), `s25-mixture` or `s25-mixture-wide`."""
-    return {f"{size[0]}{n}" + ("" if prior == "off" else f"-{prior}") + ("-wide" if DATA[d] else ""):
-            {**NETWORKS[size], "max_epochs": n, "prior": prior, "wide_families": DATA[d]}
-            for size in networks for n in epochs for prior in priors for d in data}
+               data: tuple[str, ...] = ("id",), inputs: tuple[str, ...] = ("level",)) -> dict[str, dict[str, Any]]:
+    """Every network × training length × prior × training families × history inputs, named like
+    `s25` (small, 25 epochs, no prior, ID families, the four level features), `s25-mixture`,
+    `s25-mixture-wide` or `s25-mixture-wide-interval`."""
+    return {f"{size[0]}{n}" + ("" if prior == "off" else f"-{prior}") + ("-wide" if DATA[d] else "")
+            + ("" if i == "level" else f"-{i}"):
+            {**NETWORKS[size], "max_epochs": n, "prior": prior, "wide_families": DATA[d],
+             "interval_window": INPUTS[i]}
+            for size in networks for n in epochs for prior in priors for d in data for i in inputs}
 
 
 def parameters(profile: Profile, overrides: dict[str, Any]) -> int:
@@ -98,7 +105,7 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The rule of the module docstring."""
     best = min(r["mae"] for r in rows)
     return min((r for r in rows if r["mae"] <= best * (1 + TOLERANCE)),
-               key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]], r["wide"]))
+               key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]], r["wide"], r["window"]))
 
 
 def last_checkpoint(bank: Path, wide_bank: Path, folder: Path, cfg: PredictorConfig) -> FMPredictor:
@@ -143,6 +150,9 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
                         help="training lengths tried, comma-separated")
     parser.add_argument("--priors", default="off", help="curve-prior modes tried: off, pretrain, mixture")
     parser.add_argument("--data", default="id", help="training families tried: id, wide (ID + the wide bank's)")
+    parser.add_argument("--inputs", default="level",
+                        help="history inputs tried: level (the four features), interval or interval16 (+ interval means "
+                             "over at least 1 or 16 batches)")
     parser.add_argument("--folds", default="+".join(HELDOUT),
                         help="held-out family groups, each FAMILY+FAMILY..., comma-separated (one fold each)")
 
@@ -172,14 +182,16 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
     def items(value: str) -> list[str]:
         return [x.strip() for x in value.split(",") if x.strip()]
 
-    networks, priors, data = items(args.networks), items(args.priors), items(args.data)
+    networks, priors, data, inputs = items(args.networks), items(args.priors), items(args.data), items(args.inputs)
     if not networks or set(networks) - set(NETWORKS):
         parser.error(f"--networks: choose from {list(NETWORKS)}")
     if not priors or set(priors) - set(PRIOR_COST):
         parser.error(f"--priors: choose from {list(PRIOR_COST)}")
     if not data or set(data) - set(DATA):
         parser.error(f"--data: choose from {list(DATA)}")
-    grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data))
+    if not inputs or set(inputs) - set(INPUTS):
+        parser.error(f"--inputs: choose from {list(INPUTS)}")
+    grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data), tuple(inputs))
     profile = Profile.load(args.profile)
     return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
                            [tuple(f.split("+")) for f in items(args.folds)])
@@ -208,7 +220,7 @@ def main(argv: list[str] | None = None) -> Path:
             maes.append(heldout_mae(predictor, queries[fold]))
             print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
-                     "wide": overrides["wide_families"], "mae": sum(maes) / len(maes), "folds": maes,
+                     "wide": overrides["wide_families"], "window": overrides["interval_window"], "mae": sum(maes) / len(maes), "folds": maes,
                      "params": parameters(sel.profile, overrides)})
     choice = choose(rows)
     lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "

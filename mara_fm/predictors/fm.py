@@ -78,7 +78,7 @@ class FMPredictor(Predictor):
         """Standardised model inputs (points, counts, static) for prefixes and horizons (batches)."""
         cfg, stats = self.cfg, self.stats
         points, counts = history_features(hist.avg, hist.lengths, hist.batch_size,
-                                          cfg.max_points, cfg.recent_points)
+                                          cfg.max_points, cfg.recent_points, cfg.interval_window)
         # A zero horizon (a task at the end of its curve) is answered 0 by the clip; keep log h finite.
         h = np.maximum(horizon, 1.0) * hist.batch_size
         static = static_features(hist.batch_size, hist.lr, hist.current, h)
