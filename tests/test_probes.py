@@ -12,6 +12,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from experiments.probes import select_predictor
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig, MultiNodeEnv
@@ -121,11 +122,25 @@ def test_history_probe(smoke_bank, fm_dir, tmp_path):
 
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
-               "--networks", "tiny", "--epochs", "1")
+               "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval")
     [rows] = tables(path)
-    [(name, params, epochs, prior, wide, mae, folds, chosen)] = rows
-    assert (name, epochs, prior, wide, chosen) == ("t1", "1", "off", "no", "yes")
-    assert number(params) > 0 and 0 <= number(mae) < math.inf and number(folds) == number(mae)
+    assert [r[0] for r in rows] == ["t1", "t1-interval"]
+    for _, params, epochs, prior, wide, mae, folds, _ in rows:
+        assert (epochs, prior, wide) == ("1", "off", "no")
+        assert number(params) > 0 and 0 <= number(mae) < math.inf and number(folds) == number(mae)
+    # The interval encoding's 5th GRU input costs 3 × hidden weights; the rule prefers the fewer.
+    assert number(rows[1][1]) - number(rows[0][1]) == 3 * 8
+    assert sum(r[7] == "yes" for r in rows) == 1
+    inputs = json.loads((tmp_path / "work" / "t1-interval-mlp_diabetes+logreg_cancer" / "inputs.json").read_text())
+    assert inputs["config"]["interval_window"] == 1
+
+
+def test_selection_grid_names_every_dimension():
+    grid = select_predictor.candidates(["small"], [25], ["mixture"], ("wide",), ("level", "interval16"), (None, 6000))
+    assert list(grid) == ["s25-mixture-wide", "s25-mixture-wide-x6000", "s25-mixture-wide-interval16",
+                          "s25-mixture-wide-interval16-x6000"]
+    assert "prior_curves" not in grid["s25-mixture-wide"] and grid["s25-mixture-wide-x6000"]["prior_curves"] == 6000
+    assert grid["s25-mixture-wide-interval16"]["interval_window"] == 16
 
 
 def test_selection_over_priors_and_wide_families_then_their_scheduler_consequence(smoke_bank, smoke_wide_bank,

@@ -34,7 +34,9 @@ every candidate of a fold answers the same question: forecasts for families
 it never saw. `--inputs level,interval,interval16` adds the history encoding
 (`PredictorConfig.interval_window`: the four level features, or a 5th of
 interval means over at least 1 or 16 batches); among near-ties the four
-features are preferred.
+features are preferred. `--prior-curves 6000` tries another size of the
+synthetic prior (`PredictorConfig.prior_curves`; among near-ties the fewer
+curves, the shorter training, are preferred).
 
 The held-out MAE is computed here from each candidate's last checkpoint with
 the config's sampling settings, on the held-out families' train + val curves
@@ -86,15 +88,18 @@ TOLERANCE = 0.02
 
 
 def candidates(networks: list[str], epochs: list[int], priors: list[str],
-               data: tuple[str, ...] = ("id",), inputs: tuple[str, ...] = ("level",)) -> dict[str, dict[str, Any]]:
-    """Every network × training length × prior × training families × history inputs, named like
-    `s25` (small, 25 epochs, no prior, ID families, the four level features), `s25-mixture`,
-    `s25-mixture-wide` or `s25-mixture-wide-interval`."""
+               data: tuple[str, ...] = ("id",), inputs: tuple[str, ...] = ("level",),
+               prior_sizes: tuple[int | None, ...] = (None,)) -> dict[str, dict[str, Any]]:
+    """Every network × training length × prior × training families × history inputs × prior
+    size, named like `s25` (small, 25 epochs, no prior, ID families, the four level features),
+    `s25-mixture`, `s25-mixture-wide`, `s25-mixture-wide-interval` or `s25-mixture-wide-x6000`
+    (6,000 synthetic curves; None: the profile's number, no suffix)."""
     return {f"{size[0]}{n}" + ("" if prior == "off" else f"-{prior}") + ("-wide" if DATA[d] else "")
-            + ("" if i == "level" else f"-{i}"):
+            + ("" if i == "level" else f"-{i}") + ("" if k is None else f"-x{k}"):
             {**NETWORKS[size], "max_epochs": n, "prior": prior, "wide_families": DATA[d],
-             "interval_window": INPUTS[i]}
-            for size in networks for n in epochs for prior in priors for d in data for i in inputs}
+             "interval_window": INPUTS[i], **({} if k is None else {"prior_curves": k})}
+            for size in networks for n in epochs for prior in priors for d in data for i in inputs
+            for k in prior_sizes}
 
 
 def parameters(profile: Profile, overrides: dict[str, Any]) -> int:
@@ -105,7 +110,8 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The rule of the module docstring."""
     best = min(r["mae"] for r in rows)
     return min((r for r in rows if r["mae"] <= best * (1 + TOLERANCE)),
-               key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]], r["wide"], r["window"]))
+               key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]], r["prior_curves"], r["wide"],
+                              r["window"]))
 
 
 def last_checkpoint(bank: Path, wide_bank: Path, folder: Path, cfg: PredictorConfig) -> FMPredictor:
@@ -153,6 +159,8 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs", default="level",
                         help="history inputs tried: level (the four features), interval or interval16 (+ interval means "
                              "over at least 1 or 16 batches)")
+    parser.add_argument("--prior-curves", default="",
+                        help="synthetic prior sizes tried, comma-separated (default: the profile's)")
     parser.add_argument("--folds", default="+".join(HELDOUT),
                         help="held-out family groups, each FAMILY+FAMILY..., comma-separated (one fold each)")
 
@@ -191,7 +199,8 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
         parser.error(f"--data: choose from {list(DATA)}")
     if not inputs or set(inputs) - set(INPUTS):
         parser.error(f"--inputs: choose from {list(INPUTS)}")
-    grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data), tuple(inputs))
+    sizes = tuple(int(k) for k in items(args.prior_curves)) or (None,)
+    grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data), tuple(inputs), sizes)
     profile = Profile.load(args.profile)
     return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
                            [tuple(f.split("+")) for f in items(args.folds)])
@@ -220,7 +229,9 @@ def main(argv: list[str] | None = None) -> Path:
             maes.append(heldout_mae(predictor, queries[fold]))
             print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
         rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
-                     "wide": overrides["wide_families"], "window": overrides["interval_window"], "mae": sum(maes) / len(maes), "folds": maes,
+                     "wide": overrides["wide_families"], "window": overrides["interval_window"],
+                     "prior_curves": sel.profile.section(PredictorConfig, "predictor", **overrides).prior_curves,
+                     "mae": sum(maes) / len(maes), "folds": maes,
                      "params": parameters(sel.profile, overrides)})
     choice = choose(rows)
     lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "
