@@ -124,6 +124,8 @@ class PredictorConfig:
         if self.augment_sigma < 0 or self.augment_length <= 0:
             raise ValueError("PredictorConfig.augment_sigma must be ≥ 0 and augment_length > 0, got "
                              f"{self.augment_sigma} and {self.augment_length}")
+        if self.interval_window < 0:
+            raise ValueError(f"PredictorConfig.interval_window must be ≥ 0 (0 = off), got {self.interval_window}")
 
 
 def time_frequencies(dim: int) -> torch.Tensor:

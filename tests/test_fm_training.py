@@ -11,6 +11,7 @@ import pytest
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_fm.commands import register
+from mara_fm.fm_model import PredictorConfig
 from mara_fm.predictors.fm import FMPredictor
 from mara_fm.train_predictor import EXPERIMENT, INPUTS_FILE, check_inputs, train_predictor
 
@@ -69,6 +70,8 @@ def test_interval_mean_inputs_train_and_travel_with_the_export(trained, smoke_ba
     assert fm.cfg.interval_window == 16
     assert fm.model.encoder.gru.input_size == 5 and fm.stats.history.mean.shape == (5,)
     assert result.history[-1]["val/loss"] < result.history[0]["val/loss"]
+    with pytest.raises(ValueError, match="interval_window must be ≥ 0"):
+        PredictorConfig(interval_window=-1)
 
 
 def test_a_setting_added_since_a_run_resumes_at_its_default_only(trained, tmp_path):
