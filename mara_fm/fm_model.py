@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mara_fm.targets import HISTORY_FEATURES, STATIC_FEATURES
+from mara_fm.targets import STATIC_FEATURES, history_width
 
 PRIOR_MODES = ("off", "pretrain", "mixture")
 INFERENCE_BACKENDS = ("torch", "numpy")
@@ -138,7 +138,7 @@ class HistoryEncoder(nn.Module):
 
     def __init__(self, cfg: PredictorConfig) -> None:
         super().__init__()
-        self.gru = nn.GRU(HISTORY_FEATURES + (cfg.interval_window > 0), cfg.gru_hidden, batch_first=True)
+        self.gru = nn.GRU(history_width(cfg.interval_window), cfg.gru_hidden, batch_first=True)
 
     def forward(self, points: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         # Right padding keeps the GRU causal, so the output at count-1 ignores the pad.

@@ -24,6 +24,11 @@ HISTORY_FEATURES = 4  # log s, log(L/L_cur), Δ log s, Δ log(L/L_cur)
 STATIC_FEATURES = 4  # log B, log lr, log L_cur, log h
 
 
+def history_width(interval_window: int) -> int:
+    """Features per encoded point: the four of `HISTORY_FEATURES`, and the interval mean when W > 0."""
+    return HISTORY_FEATURES + (interval_window > 0)
+
+
 def thinning_table(width: int, max_points: int, recent_points: int) -> tuple[np.ndarray, np.ndarray]:
     """Point indices kept for every prefix length 0..width, and how many.
 
@@ -75,7 +80,7 @@ def history_features(avg: np.ndarray, lengths: np.ndarray, batch_size: np.ndarra
     counts = count_table[lengths]
     rows = np.arange(len(lengths))
     log_loss = np.log(avg[rows[:, None], idx])
-    feats = np.empty((*idx.shape, 4 + (interval_window > 0)))
+    feats = np.empty((*idx.shape, history_width(interval_window)))
     feats[..., 0] = np.log(idx + 1.0) + np.log(batch_size.astype(np.float64))[:, None]
     feats[..., 1] = log_loss - log_loss[rows, counts - 1][:, None]  # the last kept point is L_cur
     feats[:, 0, 2:4] = 0.0

@@ -25,7 +25,7 @@ from mara_fm.predictors.fm import (
     FMPredictor,
     sobol_normals,
 )
-from mara_fm.targets import HISTORY_FEATURES, STATIC_FEATURES
+from mara_fm.targets import STATIC_FEATURES, history_width
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,7 @@ def test_numpy_network_equals_torch(sizes):
     torch.manual_seed(1)
     model = FlowModel(cfg).eval()
     gen = torch.Generator().manual_seed(2)
-    points = torch.randn(9, cfg.max_points, HISTORY_FEATURES + (cfg.interval_window > 0), generator=gen)
+    points = torch.randn(9, cfg.max_points, history_width(cfg.interval_window), generator=gen)
     counts = torch.arange(1, 10).clamp(max=cfg.max_points)
     static = torch.randn(9, STATIC_FEATURES, generator=gen)
     z0 = torch.randn(5, cfg.n_boundaries, generator=gen)
