@@ -99,7 +99,7 @@ def raw_examples(curves: CurveSet, rows: np.ndarray, n: np.ndarray, k: np.ndarra
     avg, b = curves.avg[rows], curves.batch_size[rows]
     h = (k * b).astype(np.float64)
     points, counts = history_features(avg, n, b, cfg.max_points, cfg.recent_points, cfg.interval_window)
-    static = static_features(b, curves.lr[rows], avg[np.arange(len(n)), n - 1], h)
+    static = static_features(b, curves.lr[rows] if cfg.lr_input else None, avg[np.arange(len(n)), n - 1], h)
     y = encode_targets(avg, b, n, h, cfg.n_boundaries, cfg.delta)
     return points, counts, static, y
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mara_fm.targets import STATIC_FEATURES, history_width
+from mara_fm.targets import history_width, static_width
 
 PRIOR_MODES = ("off", "pretrain", "mixture")
 INFERENCE_BACKENDS = ("torch", "numpy")
@@ -35,6 +35,10 @@ class PredictorConfig:
     # W > 0: a 5th per-point feature, the mean per-batch loss since the previous kept point (at
     # least the last W batches) over L_cur (targets.history_features). 0: the four of §5.1.
     interval_window: int = 0
+    # Whether the context reads log lr beside log B, log L_cur and log h (targets.static_features).
+    # A learning rate's scale depends on the optimiser and the model, so across job kinds it may
+    # say more about which family a run is than about how its loss will fall.
+    lr_input: bool = True
     # network
     # Chosen by family-held-out validation (experiments/probes/select_predictor.py) and the
     # teacher on unseen families (unseen_families_probe.py): trained on the ID families
@@ -180,7 +184,7 @@ class FlowModel(nn.Module):
         super().__init__()
         self.encoder = HistoryEncoder(cfg)
         self.context = nn.Sequential(
-            nn.Linear(cfg.gru_hidden + STATIC_FEATURES, cfg.context_dim), nn.SiLU(),
+            nn.Linear(cfg.gru_hidden + static_width(cfg.lr_input), cfg.context_dim), nn.SiLU(),
             nn.Linear(cfg.context_dim, cfg.context_dim),
         )
         self.field = VelocityField(cfg)

@@ -106,10 +106,18 @@ def interval_mean_losses(avg: np.ndarray, idx: np.ndarray, window: int) -> np.nd
     return np.maximum((k * at_k - j * at_j) / (k - j), 1e-6 * at_k)
 
 
-def static_features(batch_size: np.ndarray, lr: np.ndarray, current: np.ndarray,
+def static_width(lr_input: bool) -> int:
+    """Static features the context reads: the four of `STATIC_FEATURES`, or three without log lr."""
+    return STATIC_FEATURES - (not lr_input)
+
+
+def static_features(batch_size: np.ndarray, lr: np.ndarray | None, current: np.ndarray,
                     horizon_samples: np.ndarray) -> np.ndarray:
-    """(E, 4): log B, log lr, log L_cur, log h. ε is absent on purpose (§5.1)."""
-    return np.log(np.stack([batch_size.astype(np.float64), lr, current, horizon_samples], axis=-1))
+    """(E, 4): log B, log lr, log L_cur, log h; (E, 3) without log lr when `lr` is None
+    (`PredictorConfig.lr_input`). ε is absent on purpose (§5.1)."""
+    b = batch_size.astype(np.float64)
+    columns = [b, current, horizon_samples] if lr is None else [b, lr, current, horizon_samples]
+    return np.log(np.stack(columns, axis=-1))
 
 
 def boundaries(start: np.ndarray, horizon_samples: np.ndarray, n_boundaries: int) -> np.ndarray:

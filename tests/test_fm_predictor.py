@@ -25,7 +25,7 @@ from mara_fm.predictors.fm import (
     FMPredictor,
     sobol_normals,
 )
-from mara_fm.targets import STATIC_FEATURES, history_width
+from mara_fm.targets import history_width, static_width
 
 
 @pytest.fixture(scope="module")
@@ -182,18 +182,19 @@ def test_score_by_hand(queries):
 
 @pytest.mark.parametrize("sizes", [dict(gru_hidden=16, context_dim=24, width=32, depth=1),
                                    dict(gru_hidden=64, context_dim=96, width=128, depth=2),
-                                   dict(gru_hidden=16, context_dim=24, width=32, depth=1, interval_window=16)])
+                                   dict(gru_hidden=16, context_dim=24, width=32, depth=1, interval_window=16),
+                                   dict(gru_hidden=16, context_dim=24, width=32, depth=1, lr_input=False)])
 def test_numpy_network_equals_torch(sizes):
     """NumpyFlow reads the same weights as FlowModel and computes the same context and
     sampled paths, prefixes of every length up to the GRU's window included (and with the
-    interval-mean feature, a 5th GRU input)."""
+    interval-mean feature, a 5th GRU input, or without log lr among the static inputs)."""
     cfg = PredictorConfig(**sizes)
     torch.manual_seed(1)
     model = FlowModel(cfg).eval()
     gen = torch.Generator().manual_seed(2)
     points = torch.randn(9, cfg.max_points, history_width(cfg.interval_window), generator=gen)
     counts = torch.arange(1, 10).clamp(max=cfg.max_points)
-    static = torch.randn(9, STATIC_FEATURES, generator=gen)
+    static = torch.randn(9, static_width(cfg.lr_input), generator=gen)
     z0 = torch.randn(5, cfg.n_boundaries, generator=gen)
     with torch.inference_mode():
         c = model.encode(points, counts, static)

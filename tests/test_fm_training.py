@@ -6,12 +6,15 @@ import argparse
 import json
 import shutil
 
+import numpy as np
 import pytest
+import torch
 
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_fm.commands import register
 from mara_fm.fm_model import PredictorConfig
+from mara_fm.predictors.base import HistoryBatch
 from mara_fm.predictors.fm import FMPredictor
 from mara_fm.train_predictor import EXPERIMENT, INPUTS_FILE, check_inputs, train_predictor
 
@@ -72,6 +75,27 @@ def test_interval_mean_inputs_train_and_travel_with_the_export(trained, smoke_ba
     assert result.history[-1]["val/loss"] < result.history[0]["val/loss"]
     with pytest.raises(ValueError, match="interval_window must be ≥ 0"):
         PredictorConfig(interval_window=-1)
+
+
+def test_without_lr_input_the_forecast_ignores_the_learning_rate(trained, smoke_bank, tmp_path):
+    """`lr_input = False`: the context reads three static features, and two runs that differ
+    only in their learning rate get the same forecast; with it, the context tells them apart."""
+    result = train_predictor("smoke", smoke_bank, tmp_path / "out", resume=False, verbose=False,
+                             max_epochs=1, lr_input=False)
+    fm = FMPredictor.load(result.predictor_path)
+    assert not fm.cfg.lr_input and fm.stats.static.mean.shape == (3,)
+    assert fm.model.context[0].in_features == fm.cfg.gru_hidden + 3
+    avg = np.tile(1.0 / np.sqrt(np.arange(1.0, 41.0)), (2, 1))
+    hist = HistoryBatch(avg=avg, lengths=np.array([20, 20]), batch_size=np.array([32, 32]),
+                        lr=np.array([1e-3, 1e-1]))
+    eps, horizon = np.array([0.2, 0.2]), np.array([200.0, 200.0])
+    assert torch.equal(*fm.encode(hist, horizon)[2])
+    forecast = fm.remaining_batches(hist, eps, horizon)  # equal up to float32 rounding by batch row
+    assert forecast[0] == pytest.approx(forecast[1], rel=1e-6)
+    with_lr = FMPredictor.load(trained[0].predictor_path)
+    assert with_lr.cfg.lr_input and with_lr.stats.static.mean.shape == (4,)
+    static = with_lr.encode(hist, horizon)[2]
+    assert not torch.equal(static[0], static[1])
 
 
 def test_a_setting_added_since_a_run_resumes_at_its_default_only(trained, tmp_path):

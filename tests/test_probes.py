@@ -136,11 +136,13 @@ def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
 
 
 def test_selection_grid_names_every_dimension():
-    grid = select_predictor.candidates(["small"], [25], ["mixture"], ("wide",), ("level", "interval16"), (None, 6000))
+    grid = select_predictor.candidates(["small"], [25], ["mixture"], ("wide",), ("level", "interval16", "no-lr"),
+                                       (None, 6000))
     assert list(grid) == ["s25-mixture-wide", "s25-mixture-wide-x6000", "s25-mixture-wide-interval16",
-                          "s25-mixture-wide-interval16-x6000"]
+                          "s25-mixture-wide-interval16-x6000", "s25-mixture-wide-no-lr", "s25-mixture-wide-no-lr-x6000"]
     assert "prior_curves" not in grid["s25-mixture-wide"] and grid["s25-mixture-wide-x6000"]["prior_curves"] == 6000
     assert grid["s25-mixture-wide-interval16"]["interval_window"] == 16
+    assert grid["s25-mixture-wide-no-lr"]["lr_input"] is False and "lr_input" not in grid["s25-mixture-wide"]
 
 
 def test_selection_over_priors_and_wide_families_then_their_scheduler_consequence(smoke_bank, smoke_wide_bank,

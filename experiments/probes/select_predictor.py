@@ -31,10 +31,11 @@ bank's eight (`PredictorConfig.wide_families`; among near-ties ID only, the
 smaller training set, is preferred). Folds may hold out wide families; a
 candidate trained without them is scored on the same held-out curves, so
 every candidate of a fold answers the same question: forecasts for families
-it never saw. `--inputs level,interval,interval16` adds the history encoding
+it never saw. `--inputs level,interval,interval16,no-lr` adds the inputs
 (`PredictorConfig.interval_window`: the four level features, or a 5th of
-interval means over at least 1 or 16 batches); among near-ties the four
-features are preferred. `--prior-curves 6000` tries another size of the
+interval means over at least 1 or 16 batches; `PredictorConfig.lr_input`:
+no-lr leaves log lr out of the static inputs); among near-ties the fewer
+parameters win (so no-lr), then the four history features. `--prior-curves 6000` tries another size of the
 synthetic prior (`PredictorConfig.prior_curves`; among near-ties the fewer
 curves, the shorter training, are preferred).
 
@@ -78,7 +79,9 @@ from mara_fm.wide_families import WIDE_FAMILIES
 HELDOUT = ("mlp_diabetes", "logreg_cancer")
 PRIOR_COST = {"off": 0, "pretrain": 1, "mixture": 2}
 DATA = {"id": False, "wide": True}  # --data value -> PredictorConfig.wide_families
-INPUTS = {"level": 0, "interval": 1, "interval16": 16}  # --inputs value -> PredictorConfig.interval_window
+# --inputs value -> the PredictorConfig settings of that encoding
+INPUTS = {"level": {"interval_window": 0}, "interval": {"interval_window": 1}, "interval16": {"interval_window": 16},
+          "no-lr": {"interval_window": 0, "lr_input": False}}
 NETWORKS = {"large": {"gru_hidden": 64, "context_dim": 96, "width": 128},
             "default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
             "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
@@ -97,7 +100,7 @@ def candidates(networks: list[str], epochs: list[int], priors: list[str],
     return {f"{size[0]}{n}" + ("" if prior == "off" else f"-{prior}") + ("-wide" if DATA[d] else "")
             + ("" if i == "level" else f"-{i}") + ("" if k is None else f"-x{k}"):
             {**NETWORKS[size], "max_epochs": n, "prior": prior, "wide_families": DATA[d],
-             "interval_window": INPUTS[i], **({} if k is None else {"prior_curves": k})}
+             **INPUTS[i], **({} if k is None else {"prior_curves": k})}
             for size in networks for n in epochs for prior in priors for d in data for i in inputs
             for k in prior_sizes}
 
@@ -157,8 +160,9 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priors", default="off", help="curve-prior modes tried: off, pretrain, mixture")
     parser.add_argument("--data", default="id", help="training families tried: id, wide (ID + the wide bank's)")
     parser.add_argument("--inputs", default="level",
-                        help="history inputs tried: level (the four features), interval or interval16 (+ interval means "
-                             "over at least 1 or 16 batches)")
+                        help="inputs tried: level (the four history features, four static ones), interval or "
+                             "interval16 (+ interval means over at least 1 or 16 batches), no-lr (the static "
+                             "inputs without log lr)")
     parser.add_argument("--prior-curves", default="",
                         help="synthetic prior sizes tried, comma-separated (default: the profile's)")
     parser.add_argument("--folds", default="+".join(HELDOUT),

@@ -81,7 +81,7 @@ class FMPredictor(Predictor):
                                           cfg.max_points, cfg.recent_points, cfg.interval_window)
         # A zero horizon (a task at the end of its curve) is answered 0 by the clip; keep log h finite.
         h = np.maximum(horizon, 1.0) * hist.batch_size
-        static = static_features(hist.batch_size, hist.lr, hist.current, h)
+        static = static_features(hist.batch_size, hist.lr if self.cfg.lr_input else None, hist.current, h)
         return (torch.from_numpy(stats.history.apply(points).astype(np.float32)),
                 torch.from_numpy(counts),
                 torch.from_numpy(stats.static.apply(static).astype(np.float32)))
@@ -115,7 +115,7 @@ class FMPredictor(Predictor):
     def _predict_band(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
                       quantile: float) -> np.ndarray:
         """The median and the order statistic round(q·(M−1)) of the M crossings
-        (M = 8, q = 0.15: the 2nd smallest)."""
+        (q = 0.15: the 2nd smallest of 8, the 3rd of 16)."""
         ordered = self.sorted_crossings(hist, eps, horizon)
         low = ordered[:, round(quantile * (ordered.shape[1] - 1))]
         return np.stack([_median(ordered), low], axis=1)
