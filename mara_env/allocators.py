@@ -157,11 +157,11 @@ class LARA(Allocator):
 class OptimisticLARA(LARA):
     """LARA on the predictor's optimistic estimate (`EnvConfig.optimistic_quantile`).
 
-    With FM's sampled crossings, planning on a low order statistic (q = 0.15) instead of the
-    median keeps tasks that a fair share of the samples call feasible, and
-    gives the leftover nodes to the tasks most likely to still make it; on the
-    ID validation episodes that is worth +1.5 points over LARA-FM
-    (docs/decisions.md). The estimate is `inf` for a task
+    With FM's sampled crossings, planning on a low order statistic (q = 0.15)
+    instead of the median keeps tasks that a fair share of the samples call
+    feasible, and gives the leftover nodes to the tasks most likely to still
+    make it; on the ID validation episodes that is worth +1.5 points over
+    LARA-FM (docs/decisions.md). The estimate is `inf` for a task
     that even the optimistic sample never brings to its threshold within its
     generation cap (where LARA's median reads the rest of the cap, which looks
     feasible when the deadline is at the cap): such a task is dropped and gets

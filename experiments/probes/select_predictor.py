@@ -35,9 +35,10 @@ it never saw. `--inputs level,interval,interval16,no-lr` adds the inputs
 (`PredictorConfig.interval_window`: the four level features, or a 5th of
 interval means over at least 1 or 16 batches; `PredictorConfig.lr_input`:
 no-lr leaves log lr out of the static inputs); among near-ties the fewer
-parameters win (so no-lr), then the four history features. `--prior-curves 6000` tries another size of the
-synthetic prior (`PredictorConfig.prior_curves`; among near-ties the fewer
-curves, the shorter training, are preferred).
+parameters win (so no-lr), then the four history features. `--prior-curves
+6000` tries another size of the synthetic prior
+(`PredictorConfig.prior_curves`; among near-ties the fewer curves, the
+shorter training, are preferred).
 
 The held-out MAE is computed here from each candidate's last checkpoint with
 the config's sampling settings, on the held-out families' train + val curves

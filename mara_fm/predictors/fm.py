@@ -81,7 +81,7 @@ class FMPredictor(Predictor):
                                           cfg.max_points, cfg.recent_points, cfg.interval_window)
         # A zero horizon (a task at the end of its curve) is answered 0 by the clip; keep log h finite.
         h = np.maximum(horizon, 1.0) * hist.batch_size
-        static = static_features(hist.batch_size, hist.lr if self.cfg.lr_input else None, hist.current, h)
+        static = static_features(hist.batch_size, hist.lr if cfg.lr_input else None, hist.current, h)
         return (torch.from_numpy(stats.history.apply(points).astype(np.float32)),
                 torch.from_numpy(counts),
                 torch.from_numpy(stats.static.apply(static).astype(np.float32)))
