@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mara_common.config import ConfigError
+from mara_common.kernels import pin_kernels
 from mara_common.paths import normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import check_reachable, tracking_uri
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
     try:
+        pin_kernels()  # before any torch or MKL operation of the run (mara_common/kernels.py)
         args.profile = Profile.load(args.profile)
         check_outputs(args)
         if args.command not in UNTRACKED and not getattr(args, "no_mlflow", False):

@@ -152,7 +152,8 @@ def cmd_submit_live(args: argparse.Namespace) -> None:
 
 def cmd_live_compare(args: argparse.Namespace) -> None:
     profile: Profile = args.profile
-    cfg = replace(profile.section(LiveConfig, "live", streams=args.streams, kill_at=args.kill_at), show_every=0)
+    cfg = replace(profile.section(LiveConfig, "live", streams=args.streams, kill_at=args.kill_at,
+                                  stream_seed=args.stream_seed), show_every=0)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
     names = args.methods.split(",") if args.methods else list(cfg.methods)
     methods = [live_method(profile, env_cfg, name) for name in names]
@@ -177,7 +178,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
                          "batch_ms": 1000 * stats["train_s"] / max(stats["batches"], 1)})
             print(json.dumps(rows[-1]), flush=True)
     table = comparison_table(rows, stream_intervals(rows))
-    results = profile.paths.results
+    results = Path(args.results) if args.results else profile.paths.results
     results.mkdir(parents=True, exist_ok=True)
     (results / LIVE_MD).write_text(
         f"# Live against the simulator ({profile.name} profile)\n\n"
@@ -239,7 +240,10 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
                               help="methods live on Ray against the simulator's prediction, several streams")
     p.add_argument("--methods", help="comma-separated (default [live] methods)")
     p.add_argument("--streams", type=int, help="generated streams (default [live] streams)")
+    p.add_argument("--stream-seed", type=int, help="seed of the first stream (default [live] stream_seed); "
+                   "another batch of streams is a replication, to be written beside the first with --results")
     p.add_argument("--kill-at", type=int, help="kill one node actor at this tick of every run")
     p.add_argument("--bank")
     p.add_argument("--out", help="folder of the runs (default reports/<profile>/live)")
-    p.set_defaults(func=cmd_live_compare, outputs=("out",))
+    p.add_argument("--results", help="folder of the table and plot (default results/<profile>)")
+    p.set_defaults(func=cmd_live_compare, outputs=("out", "results"))

@@ -25,6 +25,7 @@ from pathlib import Path
 from ray.job_submission import JobSubmissionClient
 
 from mara_common.config import ConfigError
+from mara_common.kernels import kernel_env
 from mara_common.paths import PROJECT_ROOT
 from mara_common.tracking import REACH_TIMEOUT_S, check_reachable, tracking_uri
 
@@ -82,7 +83,7 @@ def submit_command(command: str, argv: list[str], address: str | None = None, wa
     job = {"entrypoint": entrypoint,
            "runtime_env": {"working_dir": str(PROJECT_ROOT), "excludes": UPLOAD_EXCLUDES,
                            "env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri or tracking_uri(),
-                                        "PYTHONUNBUFFERED": "1"}},
+                                        "PYTHONUNBUFFERED": "1", **kernel_env()}},
            "metadata": {"project": "mara", "stage": command, "argv": shlex.join(argv)}}
     # A head that has just started answers before its job agent is up: wait for the agent.
     ready_by = time.monotonic() + AGENT_WAIT_S

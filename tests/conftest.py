@@ -9,6 +9,7 @@ import pytest
 import ray
 import torch
 
+from mara_common.kernels import pin_kernels
 from mara_common.profile import Profile
 from mara_fm.bank import load_bank, select
 from mara_fm.build_bank import BankConfig, ensure_bank, ensure_wide_bank
@@ -16,6 +17,7 @@ from mara_fm.fm_data import fit_stats
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors import FMPredictor
 
+pin_kernels()  # as the CLI does (if MARA_KERNELS asks), before the tests run any operation
 SMOKE_PROFILE = Profile.load("smoke")
 SMOKE_BANK = SMOKE_PROFILE.paths.bank
 

@@ -24,10 +24,11 @@ from mara_live.curves import GrowingCurves
 from mara_live.env import Assignment, LiveEnv
 from mara_live.log import LOG, Recorder, TickLog
 from mara_live.placement import Placement
+from mara_live.report import LIVE_EXPERIMENT
 from mara_live.runner import BANK, run_live
 from mara_live.streams import JobSpec, Stream, generate_stream, load_stream, save_stream
 from mara_rl.cli import main
-from mara_rl.live_commands import live_env_config
+from mara_rl.live_commands import live_env_config, live_run, run_folder
 from mara_rl.methods import builtin_methods
 from tests.conftest import SMOKE_PROFILE
 
@@ -44,9 +45,16 @@ def setting(smoke_bank: Path):
 
 @pytest.fixture(scope="module")
 def finished(setting, ray_local, tmp_path_factory):
+    """One live run as `mara live` makes it (run, replay check, plots, MLflow run in a private
+    store), in the folder `live-compare` reads its runs from."""
     env_cfg, stream, lara = setting
-    run_dir = tmp_path_factory.mktemp("live") / "lara"
-    return run_dir, run_live(lara.name, lara.make, env_cfg, stream, run_dir, CFG, progress=False)
+    root = tmp_path_factory.mktemp("live")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        run_dir = run_folder(root / "runs", lara, stream)
+        result, _ = live_run(lara, env_cfg, stream, run_dir, CFG, {"profile": "smoke", "kind": "live"},
+                             progress=False)
+    return run_dir, result
 
 
 def test_a_live_run_accounts_for_every_job_through_a_node_fault(setting, finished) -> None:
@@ -110,22 +118,35 @@ def test_a_run_folder_of_another_stream_is_refused(setting, finished) -> None:
         run_live(lara.name, lara.make, env_cfg, other, run_dir, CFG, progress=False)
 
 
-def test_mara_live_cli_logs_each_jobs_curve_to_mlflow(smoke_bank, ray_local, mlflow_store, tmp_path, capsys) -> None:
-    out = tmp_path / "run"
-    main(["live", "--profile", "smoke", "--method", "edf", "--horizon", "60", "--out", str(out)])
-    printed = capsys.readouterr().out
-    assert "every success reproduced" in printed
-    runs = mlflow.search_runs(experiment_names=["mara-live"], output_format="list")
-    assert len(runs) == 1
-    client = mlflow.MlflowClient()
-    metrics = runs[0].data.metrics
-    assert "success_rate" in metrics and "overhead_ms_median" in metrics
-    known = json.loads((out / "result.json").read_text())["stats"]["known_points"]
+def test_a_live_run_logs_each_jobs_curve_to_mlflow(finished) -> None:
+    run_dir, result = finished
+    client = mlflow.MlflowClient(f"sqlite:///{run_dir.parents[1] / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == LIVE_EXPERIMENT]
+    (run,) = client.search_runs([experiment.experiment_id])
+    metrics = run.data.metrics
+    assert metrics["success_rate"] == result.success_rate and "overhead_ms_median" in metrics
+    assert metrics["matching_decisions"] == metrics["decisions"] == CFG.horizon
+    known = result.stats["known_points"]
     first = int(np.flatnonzero(known)[0])
-    history = client.get_metric_history(runs[0].info.run_id, f"loss/job-{first:04d}")
+    history = client.get_metric_history(run.info.run_id, f"loss/job-{first:04d}")
     assert len(history) == known[first]
-    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"timeline.png", "curves.png", "ticks.jsonl", "bank.parquet"} <= artifacts
+
+
+def test_live_compare_sets_finished_runs_beside_the_simulator(setting, finished, smoke_bank, tmp_path) -> None:
+    """`live-compare` reads a finished run back (no Ray needed) and writes its table where told."""
+    _, stream, lara = setting
+    run_dir, result = finished
+    main(["live-compare", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", "lara", "--streams", "1",
+          "--stream-seed", str(CFG.stream_seed), "--out", str(run_dir.parent), "--results", str(tmp_path)])
+    (row,) = json.loads((run_dir.parent / "live.json").read_text())
+    assert row["stream"] == CFG.stream_seed and row["jobs"] == len(stream.jobs)
+    assert row["live"] == result.success_rate and row["replay_exact"] and row["faults"] == 1
+    env_cfg = live_env_config(SMOKE_PROFILE, smoke_bank, CFG)
+    assert row["simulated"] == predicted_success(lara.make, lara.env_config(env_cfg), stream)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.md", "live.png"]
+    assert "| lara |" in (tmp_path / "live.md").read_text()
 
 
 def test_a_tick_that_trains_nothing_logs_no_losses(tmp_path) -> None:

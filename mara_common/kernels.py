@@ -1,0 +1,60 @@
+"""Which CPU kernels torch and MKL run: the libraries' own choice, or pinned to their AVX2
+versions so that results do not depend on the processor they were computed on.
+
+Why: within one machine every run is bit-identical, but torch's vectorised kernels and MKL's
+matrix products pick their code by the processor (AVX2 here, AVX-512 elsewhere), their sums
+differ in the last bits, and PPO amplifies that into another policy (docs/decisions.md, "CPU
+kernels: a pin to AVX2 on request"). The pin is the environment variables the libraries read
+when they first run: torch's `ATEN_CPU_CAPABILITY`, MKL's conditional-numerical-reproducibility
+branch `MKL_CBWR` and oneDNN's `ONEDNN_MAX_CPU_ISA`.
+
+`MARA_KERNELS` chooses: `native` (the default: the libraries' own choice, which every recorded
+figure was computed with) or `avx2` (for runs to be compared across machines; left unpinned on a
+processor without AVX2). MKL's AVX2 branch is not always the code it picks by itself: on this
+project's AMD machine the pin changes the last bits of some bank curves, and so the predictor
+and every trained policy, which is why it is not the default. A variable the user has set already
+is kept. The CLI pins before any work and the Ray workers it starts inherit the pin; a Ray job
+gets it in its runtime env.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from functools import cache
+from pathlib import Path
+
+from mara_common.config import ConfigError
+
+KERNELS_ENV = "MARA_KERNELS"
+PINS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "native": {}}
+
+
+@cache
+def has_avx2() -> bool:
+    """The processor runs AVX2 (read from Linux's /proc/cpuinfo; elsewhere assumed not)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " avx2" in line for line in text.splitlines())
+
+
+def kernel_env() -> dict[str, str]:
+    """The variables `MARA_KERNELS` asks for on this processor (values the user set kept)."""
+    choice = os.environ.get(KERNELS_ENV, "native")
+    if choice not in PINS:
+        raise ConfigError(f"{KERNELS_ENV}={choice!r}: expected one of {sorted(PINS)}")
+    pins = PINS[choice] if choice != "avx2" or has_avx2() else {}
+    return {k: os.environ.get(k, v) for k, v in pins.items()}
+
+
+def pin_kernels() -> dict[str, str]:
+    """Pin this process (and the processes it starts) before its first torch or MKL operation;
+    later calls change nothing the libraries have already read. Returns the pin."""
+    pins = kernel_env()
+    os.environ.update(pins)
+    return pins
