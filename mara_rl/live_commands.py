@@ -107,10 +107,10 @@ def job_table(stream: Stream, result: LiveResult) -> str:
 def planned_live(args: argparse.Namespace) -> tuple[LiveConfig, EnvConfig, Stream, Method, Path]:
     """(settings, env settings, stream, method, run folder) of a `live` command, every input checked."""
     profile: Profile = args.profile
-    cfg = profile.section(LiveConfig, "live", kill_at=args.kill_at, horizon=args.horizon)
+    cfg = profile.section(LiveConfig, "live", kill_at=args.kill_at, horizon=args.horizon,
+                          stream_seed=args.stream_seed)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
-    seed = cfg.stream_seed if args.stream_seed is None else args.stream_seed
-    stream = load_stream(args.stream) if args.stream else generate_stream(env_cfg, seed)
+    stream = load_stream(args.stream) if args.stream else generate_stream(env_cfg, cfg.stream_seed)
     method = live_method(profile, env_cfg, args.method, args.policy, args.fm)
     return cfg, env_cfg, stream, method, Path(args.out) if args.out else run_folder(profile.paths.report / "live",
                                                                                     method, stream)
