@@ -40,7 +40,7 @@ def has_avx2() -> bool:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return any(line.startswith("flags") and " avx2" in line for line in text.splitlines())
+    return any(line.startswith("flags") and "avx2" in line.split() for line in text.splitlines())
 
 
 def kernel_env() -> dict[str, str]:
