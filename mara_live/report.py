@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from math import comb
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,40 @@ def comparison_table(rows: list[dict[str, Any]], intervals: dict[str, dict[str, 
         lines.append(f"| {seed} | {jobs} | " + " | ".join(
             f"{100 * cells[m]['live']:.1f} / {100 * cells[m]['simulated']:.1f} / {100 * cells[m]['simulated_family']:.1f}"
             for m in methods) + " |")
+    return "\n".join(lines)
+
+
+def paired_differences(rows: list[dict[str, Any]], first: str, other: str, key: str) -> np.ndarray:
+    """`first`'s success minus `other`'s on each stream, in stream order (`key`: "live" or a prediction)."""
+    by_stream = {(r["stream"], r["method"]): r[key] for r in rows}
+    streams = dict.fromkeys(r["stream"] for r in rows)
+    return np.array([by_stream[s, first] - by_stream[s, other] for s in streams])
+
+
+def sign_test_p(ahead: int, behind: int) -> float:
+    """Two-sided sign test: the chance of a split at least this uneven among the untied streams
+    if either method were as likely to come out ahead on each."""
+    n, k = ahead + behind, min(ahead, behind)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def ranking_table(rows: list[dict[str, Any]], intervals: dict[str, dict[str, tuple[float, float]]]) -> str:
+    """The first method against each other one: the mean difference over streams live and in the
+    family prediction (with `intervals[other][key]`), whether both put the first on the same side,
+    and the streams it was ahead of, tied with and behind the other live. Live success moves in
+    whole jobs, so two methods that choose alike on most ticks differ on a few streams only; the
+    sign test over those says how far their live order is from a coin toss."""
+    first, *others = dict.fromkeys(r["method"] for r in rows)
+    lines = [f"| {first} − | live | sim (family) | same side | streams ahead / tied / behind (live) | sign test p |",
+             "|---|---|---|---|---|---|"]
+    for other in others:
+        live, family = (paired_differences(rows, first, other, key) for key in ("live", "simulated_family"))
+        cells = [f"{100 * d.mean():+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+                 for d, (lo, hi) in ((live, intervals[other]["live"]), (family, intervals[other]["simulated_family"]))]
+        side = "tie" if 0.0 in (live.mean(), family.mean()) else "yes" if live.mean() * family.mean() > 0 else "NO"
+        ahead, behind = int((live > 0).sum()), int((live < 0).sum())
+        lines.append(f"| {other} | {cells[0]} | {cells[1]} | {side} | {ahead} / {len(live) - ahead - behind} / "
+                     f"{behind} | {sign_test_p(ahead, behind):.3f} |")
     return "\n".join(lines)
 
 

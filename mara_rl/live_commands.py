@@ -26,8 +26,10 @@ from mara_live.report import (
     TIMELINE_PNG,
     comparison_table,
     log_live_run,
+    paired_differences,
     plot_comparison,
     plot_curves,
+    ranking_table,
     save_rows,
 )
 from mara_live.runner import CHECK, RESULT, LiveResult, run_live
@@ -178,6 +180,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
                          "batch_ms": 1000 * stats["train_s"] / max(stats["batches"], 1)})
             print(json.dumps(rows[-1]), flush=True)
     table = comparison_table(rows, stream_intervals(rows))
+    ranking = ranking_table(rows, ranking_intervals(rows)) if len(methods) > 1 else ""
     results = Path(args.results) if args.results else profile.paths.results
     results.mkdir(parents=True, exist_ok=True)
     (results / LIVE_MD).write_text(
@@ -190,10 +193,13 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
         f"job's threshold; `sim (family)`: replayed on other recorded runs of each job's family, {cfg.family_draws} "
         "draws averaged (a live job is such a run). `replay exact`: the simulator replaying each live run on its "
         "own curves reproduced every decision and success. Differences in points, with 95% bootstrap "
-        f"intervals over streams.\n\n{table}\n\n![live vs simulator]({LIVE_PNG})\n")
+        f"intervals over streams.\n\n{table}\n\n"
+        + (f"{methods[0].name} against each other method (points; streams resampled whole, the same "
+           f"streams for both columns):\n\n{ranking}\n\n" if ranking else "")
+        + f"![live vs simulator]({LIVE_PNG})\n")
     plot_comparison(rows, results / LIVE_PNG)
-    save_rows(rows, out / LIVE_JSON)
-    print(table)
+    save_rows(rows, results / LIVE_JSON)
+    print(table + (f"\n\n{ranking}" if ranking else ""))
 
 
 def stream_intervals(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
@@ -206,6 +212,19 @@ def stream_intervals(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[fl
         for key in ("simulated", "simulated_family"):
             diff = hierarchical_bootstrap(np.array([[r["live"] - r[key] for r in mine]]))
             out[method][key] = (diff.low, diff.high)
+    return out
+
+
+def ranking_intervals(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per other method, the bootstrap interval over streams of the first method's success minus
+    its own, live and in the family prediction (`ranking_table`)."""
+    first, *others = dict.fromkeys(r["method"] for r in rows)
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for other in others:
+        out[other] = {}
+        for key in ("live", "simulated_family"):
+            diff = hierarchical_bootstrap(paired_differences(rows, first, other, key)[None])
+            out[other][key] = (diff.low, diff.high)
     return out
 
 
@@ -245,5 +264,5 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--kill-at", type=int, help="kill one node actor at this tick of every run")
     p.add_argument("--bank")
     p.add_argument("--out", help="folder of the runs (default reports/<profile>/live)")
-    p.add_argument("--results", help="folder of the table and plot (default results/<profile>)")
+    p.add_argument("--results", help="folder of the table, its plot and its per-stream rows, live.json (default results/<profile>)")
     p.set_defaults(func=cmd_live_compare, outputs=("out", "results"))

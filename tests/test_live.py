@@ -24,11 +24,11 @@ from mara_live.curves import GrowingCurves
 from mara_live.env import Assignment, LiveEnv
 from mara_live.log import LOG, Recorder, TickLog
 from mara_live.placement import Placement
-from mara_live.report import LIVE_EXPERIMENT
+from mara_live.report import LIVE_EXPERIMENT, ranking_table, sign_test_p
 from mara_live.runner import BANK, run_live
 from mara_live.streams import JobSpec, Stream, generate_stream, load_stream, save_stream
 from mara_rl.cli import main
-from mara_rl.live_commands import live_env_config, live_run, run_folder
+from mara_rl.live_commands import live_env_config, live_run, ranking_intervals, run_folder
 from mara_rl.methods import builtin_methods
 from tests.conftest import SMOKE_PROFILE
 
@@ -140,13 +140,33 @@ def test_live_compare_sets_finished_runs_beside_the_simulator(setting, finished,
     run_dir, result = finished
     main(["live-compare", "--profile", "smoke", "--bank", str(smoke_bank), "--methods", "lara", "--streams", "1",
           "--stream-seed", str(CFG.stream_seed), "--out", str(run_dir.parent), "--results", str(tmp_path)])
-    (row,) = json.loads((run_dir.parent / "live.json").read_text())
+    (row,) = json.loads((tmp_path / "live.json").read_text())
     assert row["stream"] == CFG.stream_seed and row["jobs"] == len(stream.jobs)
     assert row["live"] == result.success_rate and row["replay_exact"] and row["faults"] == 1
     env_cfg = live_env_config(SMOKE_PROFILE, smoke_bank, CFG)
     assert row["simulated"] == predicted_success(lara.make, lara.env_config(env_cfg), stream)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.md", "live.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.json", "live.md", "live.png"]
     assert "| lara |" in (tmp_path / "live.md").read_text()
+
+
+def test_the_ranking_table_counts_streams_won_tied_and_lost_live() -> None:
+    """MARA ahead of B by one job of 40 on 5 streams, behind on 1, tied on 10: +0.63 points
+    live, a split a fair coin gives with p = 2·(1 + 6)/64; B's family prediction puts MARA
+    behind, so the table says the two rank them on different sides. C is MARA's copy."""
+    live_gap = [1] * 5 + [-1] + [0] * 10
+    rows = []
+    for stream, gap in enumerate(live_gap):
+        for method, live, family in (("mara", 20, 0.5), ("b", 20 - gap, 0.51), ("c", 20, 0.5)):
+            rows.append({"stream": stream, "method": method, "live": live / 40, "simulated_family": family})
+    intervals = ranking_intervals(rows)
+    assert intervals["c"] == {"live": (0.0, 0.0), "simulated_family": (0.0, 0.0)}
+    assert intervals["b"]["live"][0] < 0.25 / 40 < intervals["b"]["live"][1]
+    lines = ranking_table(rows, intervals).splitlines()
+    b, c = (next(line for line in lines if line.startswith(f"| {m} |")).split(" | ") for m in "bc")
+    assert b[1].startswith("+0.63 [") and b[2].startswith("-1.00 [-1.00, -1.00]")
+    assert b[3:5] == ["NO", "5 / 10 / 1"] and float(b[5].rstrip(" |")) == pytest.approx(14 / 64, abs=5e-4)
+    assert c[3:5] == ["tie", "0 / 16 / 0"] and c[5] == "1.000 |"
+    assert sign_test_p(0, 0) == 1.0 and sign_test_p(6, 0) == pytest.approx(2 / 64)
 
 
 def test_a_tick_that_trains_nothing_logs_no_losses(tmp_path) -> None:
