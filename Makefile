@@ -103,9 +103,11 @@ live: $(FM)/config.json
 	$(MARA) live --profile $(PROFILE) --bank $(BANK) --method $(METHOD) --kill-at $(KILL_AT)
 
 # Each method of [live] methods live on [live] streams generated streams (a node actor
-# killed in each run), beside the simulator's prediction: results/<profile>/live.md.
+# killed in each run), beside the simulator's prediction: results/<profile>/live.md. A rerun
+# keeps the rows of live.json made with the same inputs; FRESH=1 makes every row anew.
+FRESH ?=
 live-compare: $(FM)/config.json
-	$(MARA) live-compare --profile $(PROFILE) --bank $(BANK) --kill-at $(KILL_AT)
+	$(MARA) live-compare --profile $(PROFILE) --bank $(BANK) --kill-at $(KILL_AT) $(if $(FRESH),--fresh)
 
 mlflow-ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from mara_common.config import ConfigError
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_live.log import LOG
@@ -137,5 +138,20 @@ def plot_comparison(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def save_rows(rows: list[dict[str, Any]], path: Path) -> Path:
-    path.write_text(json.dumps(rows, indent=1))
+    """Written whole to a temporary file, then moved: a stop mid-write leaves the last rows."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(rows, indent=1))
+    partial.replace(path)
     return path
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """A live-compare rows file, checked to be a list of rows that name their stream and method."""
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"stream", "method"} <= r.keys()
+                                             for r in rows):
+        raise ConfigError(f"{path}: not a list of live-compare rows (objects with 'stream' and 'method')")
+    return rows

@@ -5,9 +5,10 @@ the simulator, several streams and methods). They name methods as the evaluation
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,16 @@ from mara_common.paths import PROFILE_DIR, normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import ensure_experiment
 from mara_env.env import EnvConfig
+from mara_fm.bank import bank_digest
 from mara_fm.build_bank import profile_bank
+from mara_fm.predictors import predictor_digest
 from mara_live.check import family_prediction, predicted_success, replay_live_run
 from mara_live.config import LiveConfig
 from mara_live.report import (
     LIVE_EXPERIMENT,
     TIMELINE_PNG,
     comparison_table,
+    load_rows,
     log_live_run,
     paired_differences,
     plot_comparison,
@@ -36,12 +40,15 @@ from mara_live.runner import CHECK, RESULT, LiveResult, run_live
 from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
 from mara_rl.pipeline import trained_policies
+from mara_rl.policy import policy_digest
 from mara_rl.stats import hierarchical_bootstrap
 from mara_rl.submit import check_cluster, submit_command
 from mara_rl.timeline import Timeline
 from mara_rl.timeline import plot as plot_timeline
 
 LIVE_MD, LIVE_PNG, LIVE_JSON = "live.md", "live.png", "live.json"
+# LiveConfig fields that say which rows a comparison makes, not what a row depends on.
+BATCH_FIELDS = ("streams", "stream_seed", "methods", "show_every")
 
 
 def live_method(profile: Profile, env_cfg: EnvConfig, name: str, policy: str | None = None,
@@ -153,36 +160,53 @@ def cmd_submit_live(args: argparse.Namespace) -> None:
 
 
 def cmd_live_compare(args: argparse.Namespace) -> None:
+    """Each method live on each stream beside the simulator's prediction. A row is saved to
+    `<results>/live.json` as soon as it is made, with a digest of what it depends on
+    (`row_inputs`), so a batch longer than one machine's life resumes from its rows on a rerun;
+    a finished run folder is read back only if replaying it reproduces its own check."""
     profile: Profile = args.profile
     cfg = replace(profile.section(LiveConfig, "live", streams=args.streams, kill_at=args.kill_at,
                                   stream_seed=args.stream_seed), show_every=0)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
     names = args.methods.split(",") if args.methods else list(cfg.methods)
     methods = [live_method(profile, env_cfg, name) for name in names]
+    inputs = {name: row_inputs(method, env_cfg, cfg, None if name in SPECS else policy_path(profile, name, None))
+              for name, method in zip(names, methods, strict=True)}
     out = Path(args.out) if args.out else profile.paths.report / "live"
-    rows = []
-    for seed in range(cfg.stream_seed, cfg.stream_seed + cfg.streams):
-        stream = generate_stream(env_cfg, seed)
-        for method in methods:
-            run_dir = run_folder(out, method, stream)
-            if not (run_dir / CHECK).exists():  # a finished run is read back, not run again
-                live_run(method, env_cfg, stream, run_dir, cfg, {"profile": profile.name, "kind": "live-compare"},
-                         progress=False)
-            done, check = (json.loads((run_dir / name).read_text()) for name in (RESULT, CHECK))
-            stats, method_cfg = done["stats"], method.env_config(env_cfg)
-            rows.append({"stream": seed, "jobs": len(stream.jobs), "method": method.name,
-                         "live": done["success_rate"],
-                         "simulated": predicted_success(method.make, method_cfg, stream),
-                         "simulated_family": family_prediction(method.make, method_cfg, stream, cfg.family_draws, seed),
-                         "replay_exact": check["successes_match"] and check["matching_decisions"] == check["decisions"],
-                         "faults": stats["faults"], "overhead_ms": done["overhead_ms"]["median"],
-                         "restore_ms": 1000 * stats["restore_s"] / max(stats["restores"], 1),
-                         "batch_ms": 1000 * stats["train_s"] / max(stats["batches"], 1)})
-            print(json.dumps(rows[-1]), flush=True)
-    table = comparison_table(rows, stream_intervals(rows))
-    ranking = ranking_table(rows, ranking_intervals(rows)) if len(methods) > 1 else ""
     results = Path(args.results) if args.results else profile.paths.results
     results.mkdir(parents=True, exist_ok=True)
+    plan = [(seed, method) for seed in range(cfg.stream_seed, cfg.stream_seed + cfg.streams) for method in methods]
+    done = {} if args.fresh else kept_rows(results / LIVE_JSON, {(seed, m.name): inputs[m.name] for seed, m in plan})
+    streams: dict[int, Stream] = {}
+    for seed, method in plan:
+        if (seed, method.name) in done:
+            continue
+        stream = streams.setdefault(seed, generate_stream(env_cfg, seed))
+        run_dir = run_folder(out, method, stream)
+        method_cfg = method.env_config(env_cfg)
+        if (run_dir / CHECK).exists():  # a finished run is read back, not run again
+            if replay_live_run(method.make, method_cfg, stream, run_dir) != json.loads((run_dir / CHECK).read_text()):
+                raise ConfigError(f"{run_dir}: replaying this finished run with today's {method.name} does not give "
+                                  "its recorded check (another policy, predictor or bank?); move it or pass --out")
+        else:
+            live_run(method, env_cfg, stream, run_dir, cfg, {"profile": profile.name, "kind": "live-compare"},
+                     progress=False)
+        finished, check = (json.loads((run_dir / name).read_text()) for name in (RESULT, CHECK))
+        stats = finished["stats"]
+        done[seed, method.name] = {
+            "stream": seed, "jobs": len(stream.jobs), "method": method.name, "live": finished["success_rate"],
+            "simulated": predicted_success(method.make, method_cfg, stream),
+            "simulated_family": family_prediction(method.make, method_cfg, stream, cfg.family_draws, seed),
+            "replay_exact": check["successes_match"] and check["matching_decisions"] == check["decisions"],
+            "faults": stats["faults"], "overhead_ms": finished["overhead_ms"]["median"],
+            "restore_ms": 1000 * stats["restore_s"] / max(stats["restores"], 1),
+            "batch_ms": 1000 * stats["train_s"] / max(stats["batches"], 1), "inputs": inputs[method.name]}
+        save_rows([done[seed, m.name] for seed, m in plan if (seed, m.name) in done], results / LIVE_JSON)
+        print(f"stream {seed}, {method.name}: {len(done)} of {len(plan)} rows", flush=True)
+    rows = [done[seed, m.name] for seed, m in plan]
+    save_rows(rows, results / LIVE_JSON)
+    table = comparison_table(rows, stream_intervals(rows))
+    ranking = ranking_table(rows, ranking_intervals(rows)) if len(methods) > 1 else ""
     (results / LIVE_MD).write_text(
         f"# Live against the simulator ({profile.name} profile)\n\n"
         f"Generated by `mara live-compare`: {cfg.streams} streams (seeds {cfg.stream_seed}..), drawn from the "
@@ -198,8 +222,37 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
            f"streams for both columns):\n\n{ranking}\n\n" if ranking else "")
         + f"![live vs simulator]({LIVE_PNG})\n")
     plot_comparison(rows, results / LIVE_PNG)
-    save_rows(rows, results / LIVE_JSON)
     print(table + (f"\n\n{ranking}" if ranking else ""))
+
+
+def row_inputs(method: Method, env_cfg: EnvConfig, cfg: LiveConfig, policy: str | None) -> str:
+    """A digest of what a live-compare row depends on besides its stream's seed: the content of
+    the bank, of the method's predictor and of a learned method's weights, and every env and
+    live setting but those that choose the batch's rows (`BATCH_FIELDS`)."""
+    env = asdict(method.env_config(env_cfg))
+    what = {"bank": bank_digest(env.pop("bank")), "predictor": predictor_digest(env.pop("predictor")),
+            "policy": policy_digest(policy) if policy else None, "env": env,
+            "live": {k: v for k, v in asdict(cfg).items() if k not in BATCH_FIELDS}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def kept_rows(path: Path, planned: dict[tuple[int, str], str]) -> dict[tuple[int, str], dict[str, Any]]:
+    """The rows of `path` (none if it does not exist) that this batch keeps: each must be one of
+    `planned` ((stream, method) → inputs digest) and carry the same digest; anything else in the
+    file is refused rather than overwritten."""
+    if not path.exists():
+        return {}
+    kept = {(r["stream"], r["method"]): r for r in load_rows(path)}
+    foreign = sorted(set(kept) - set(planned))
+    if foreign:
+        raise ConfigError(f"{path} holds rows of another batch (stream, method: {foreign[:3]}"
+                          f"{' ...' if len(foreign) > 3 else ''}); pass another --results, or --fresh to start anew")
+    for key, row in kept.items():
+        if row.get("inputs") != planned[key]:
+            raise ConfigError(f"{path}: the row of stream {key[0]}, {key[1]} was made with other inputs "
+                              f"({row.get('inputs') or 'not recorded'}; now {planned[key]}: another bank, "
+                              "predictor, policy or setting); pass another --results, or --fresh to start anew")
+    return kept
 
 
 def stream_intervals(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
@@ -265,4 +318,6 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--bank")
     p.add_argument("--out", help="folder of the runs (default reports/<profile>/live)")
     p.add_argument("--results", help="folder of the table, its plot and its per-stream rows, live.json (default results/<profile>)")
+    p.add_argument("--fresh", action="store_true", help="start the batch anew: rows already in the results folder's "
+                   "live.json are replaced, not kept")
     p.set_defaults(func=cmd_live_compare, outputs=("out", "results"))

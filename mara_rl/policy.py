@@ -8,6 +8,7 @@ options), so evaluation and benchmarks load it without RLlib's Algorithm.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -46,6 +47,21 @@ def export_policy(module: MATModule, path: Path, env_cfg: EnvConfig) -> Path:
     torch.save(module.state_dict(), path / POLICY_WEIGHTS)
     (path / POLICY_SPEC).write_text(json.dumps(spec, indent=1))
     return path
+
+
+def policy_digest(path: str | Path) -> str:
+    """A hash of an exported policy's weights: their names, shapes and values, not the file's
+    bytes (torch's archive also records the file's name). Two exports of the same weights, say
+    from a retraining with the same seed, share it."""
+    path = Path(path)
+    _read_spec(path)
+    sha = hashlib.sha256()
+    state = torch.load(path / POLICY_WEIGHTS, weights_only=True)
+    for key in sorted(state):
+        tensor = state[key].detach().cpu().contiguous()
+        sha.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        sha.update(tensor.numpy().tobytes())
+    return sha.hexdigest()[:16]
 
 
 def _read_spec(path: Path) -> dict[str, Any]:

@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mara_fm.bank import BankError, load_bank, save_bank, select
+from mara_fm.bank import BankError, bank_digest, load_bank, save_bank, select
 from mara_fm.build_bank import EVERY_FAMILY, BankConfig, build_bank, plan
 from mara_fm.families import FAMILIES
 from mara_fm.wide_families import WIDE_FAMILIES
@@ -73,6 +73,9 @@ def test_build_resumes_without_redoing_finished_chunks(tmp_path):
     assert parts[0].stat().st_mtime_ns == kept
     pd.testing.assert_frame_equal(first, load_bank(path))
     assert len(first) == len(plan(cfg))
+    # A build from scratch elsewhere writes the same bytes: what is keyed by a bank's digest
+    # (a live batch's rows, a policy's inputs) survives rebuilding it on a new machine.
+    assert bank_digest(build_bank(cfg, tmp_path / "again.parquet", progress=False)) == bank_digest(path)
     # Chunks of another config are refused, not mixed in; --fresh discards them.
     other = BankConfig(curves_per_id_family=1, curves_per_ood_set=2, cap=20, workers=1, seed=1)
     with pytest.raises(ValueError, match="another config.*--fresh"):

@@ -149,6 +149,39 @@ def test_live_compare_sets_finished_runs_beside_the_simulator(setting, finished,
     assert "| lara |" in (tmp_path / "live.md").read_text()
 
 
+def test_a_batch_resumes_from_its_rows_and_refuses_rows_of_other_inputs(finished, smoke_bank, tmp_path) -> None:
+    """A batch's rows outlive its run folders: rerun with no runs at all, it keeps its row; a row
+    made with other inputs (unless `--fresh`), a row of another batch, a malformed rows file, and a
+    finished run that today's method does not reproduce are each refused by name (`--debug`
+    raises the error)."""
+    run_dir, _ = finished
+    results, empty = tmp_path / "results", tmp_path / "no-runs"
+    argv = ["live-compare", "--profile", "smoke", "--debug", "--bank", str(smoke_bank), "--streams", "1",
+            "--stream-seed", str(CFG.stream_seed), "--results", str(results)]
+    main([*argv, "--methods", "lara", "--out", str(run_dir.parent)])
+    (row,) = json.loads((results / "live.json").read_text())
+    assert len(row["inputs"]) == 16
+    main([*argv, "--methods", "lara", "--out", str(empty)])  # no run folder: the row is kept, nothing runs
+    assert not list(empty.glob("*")) and json.loads((results / "live.json").read_text()) == [row]
+
+    (results / "live.json").write_text(json.dumps([{**row, "inputs": "0" * 16}]))
+    with pytest.raises(ConfigError, match="made with other inputs"):
+        main([*argv, "--methods", "lara", "--out", str(empty)])
+    main([*argv, "--methods", "lara", "--out", str(run_dir.parent), "--fresh"])  # the row made again
+    assert json.loads((results / "live.json").read_text()) == [row]
+    (results / "live.json").write_text(json.dumps([{**row, "stream": row["stream"] + 1}]))
+    with pytest.raises(ConfigError, match="rows of another batch"):
+        main([*argv, "--methods", "lara", "--out", str(empty)])
+    (results / "live.json").write_text("[{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        main([*argv, "--methods", "lara", "--out", str(empty)])
+
+    # EDF handed LARA's finished run: its replay makes other decisions, so the run is not read back.
+    shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name.replace("lara", "edf"))
+    with pytest.raises(ConfigError, match="does not give its recorded check"):
+        main([*argv[:-1], str(tmp_path / "edf-results"), "--methods", "edf", "--out", str(tmp_path / "runs")])
+
+
 def test_the_ranking_table_counts_streams_won_tied_and_lost_live() -> None:
     """MARA ahead of B by one job of 40 on 5 streams, behind on 1, tied on 10: +0.63 points
     live, a split a fair coin gives with p = 2·(1 + 6)/64; B's family prediction puts MARA

@@ -26,7 +26,7 @@ from mara_rl.imitation import demonstrations
 from mara_rl.mat_module import MATConfig, MATModule
 from mara_rl.methods import VARIANTS, learned
 from mara_rl.pipeline import variant_config
-from mara_rl.policy import act, export_policy, load_policy, module_spec, policy_env
+from mara_rl.policy import act, export_policy, load_policy, module_spec, policy_digest, policy_env
 from mara_rl.run_state import STATE_FILE, load_state, run_inputs, settings_changed, warm_start_dir
 from mara_rl.scheduler_commands import add_train_arguments
 from mara_rl.scheduler_config import (
@@ -231,6 +231,19 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ConfigError, match="has changed since this policy was trained"):
         policy_env(policy)
+
+
+def test_a_policy_digest_follows_the_weights_not_the_file(tmp_path: Path) -> None:
+    """Two exports of the same weights under other names share a digest; one changed weight does not."""
+    env_cfg = EnvConfig(predictor="wls")
+    module = module_spec(env_cfg, MATConfig()).build()
+    first = policy_digest(export_policy(module, tmp_path / "a", env_cfg))
+    assert policy_digest(export_policy(module, tmp_path / "b" / "policy", env_cfg)) == first
+    with torch.no_grad():
+        next(module.parameters()).view(-1)[0] += 1e-6
+    assert policy_digest(export_policy(module, tmp_path / "c", env_cfg)) != first
+    with pytest.raises(FileNotFoundError, match="exported policy file missing"):
+        policy_digest(tmp_path / "none")
 
 
 def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Path, tmp_path: Path) -> None:
