@@ -79,3 +79,13 @@ class ProjectPaths:
 def normal_path(path: str | Path) -> str:
     """The one form in which a path is stored and compared: absolute, resolved."""
     return str(Path(path).expanduser().resolve())
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """`text` written to a temporary file beside `path`, then renamed over it: a stop mid-write
+    leaves the previous file whole."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError, check_config, setting
+from mara_common.paths import write_text_atomic
 from mara_env.cluster import steps_alone
 from mara_fm.bank import CurveSet
 from mara_fm.predictors import first_crossing
@@ -315,10 +316,7 @@ def curve_rows(episode: Episode, curves: CurveSet) -> np.ndarray:
 def save_episodes(episodes: list[Episode], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([e.to_dict() for e in episodes]))
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps([e.to_dict() for e in episodes]))
 
 
 def load_episodes(path: str | Path) -> list[Episode]:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError
+from mara_common.paths import write_text_atomic
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_live.log import LOG
@@ -138,11 +139,8 @@ def plot_comparison(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def save_rows(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Written whole to a temporary file, then moved: a stop mid-write leaves the last rows."""
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(rows, indent=1))
-    partial.replace(path)
-    return path
+    """Written whole or not at all: a stop mid-write leaves the rows saved before."""
+    return write_text_atomic(path, json.dumps(rows, indent=1))
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:

@@ -19,9 +19,7 @@ from mara_common.paths import PROFILE_DIR, normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import ensure_experiment
 from mara_env.env import EnvConfig
-from mara_fm.bank import bank_digest
 from mara_fm.build_bank import profile_bank
-from mara_fm.predictors import predictor_digest
 from mara_live.check import family_prediction, predicted_success, replay_live_run
 from mara_live.config import LiveConfig
 from mara_live.report import (
@@ -41,6 +39,7 @@ from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
 from mara_rl.pipeline import trained_policies
 from mara_rl.policy import policy_digest
+from mara_rl.run_state import run_inputs
 from mara_rl.stats import hierarchical_bootstrap
 from mara_rl.submit import check_cluster, submit_command
 from mara_rl.timeline import Timeline
@@ -176,7 +175,8 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
     results = Path(args.results) if args.results else profile.paths.results
     results.mkdir(parents=True, exist_ok=True)
     plan = [(seed, method) for seed in range(cfg.stream_seed, cfg.stream_seed + cfg.streams) for method in methods]
-    done = {} if args.fresh else kept_rows(results / LIVE_JSON, {(seed, m.name): inputs[m.name] for seed, m in plan})
+    keys = [(seed, m.name) for seed, m in plan]
+    done = {} if args.fresh else kept_rows(results / LIVE_JSON, {key: inputs[key[1]] for key in keys})
     streams: dict[int, Stream] = {}
     for seed, method in plan:
         if (seed, method.name) in done:
@@ -201,10 +201,9 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
             "faults": stats["faults"], "overhead_ms": finished["overhead_ms"]["median"],
             "restore_ms": 1000 * stats["restore_s"] / max(stats["restores"], 1),
             "batch_ms": 1000 * stats["train_s"] / max(stats["batches"], 1), "inputs": inputs[method.name]}
-        save_rows([done[seed, m.name] for seed, m in plan if (seed, m.name) in done], results / LIVE_JSON)
+        save_rows([done[key] for key in keys if key in done], results / LIVE_JSON)
         print(f"stream {seed}, {method.name}: {len(done)} of {len(plan)} rows", flush=True)
-    rows = [done[seed, m.name] for seed, m in plan]
-    save_rows(rows, results / LIVE_JSON)
+    rows = [done[key] for key in keys]  # every row is in live.json already, saved as it was made
     table = comparison_table(rows, stream_intervals(rows))
     ranking = ranking_table(rows, ranking_intervals(rows)) if len(methods) > 1 else ""
     (results / LIVE_MD).write_text(
@@ -229,9 +228,9 @@ def row_inputs(method: Method, env_cfg: EnvConfig, cfg: LiveConfig, policy: str 
     """A digest of what a live-compare row depends on besides its stream's seed: the content of
     the bank, of the method's predictor and of a learned method's weights, and every env and
     live setting but those that choose the batch's rows (`BATCH_FIELDS`)."""
-    env = asdict(method.env_config(env_cfg))
-    what = {"bank": bank_digest(env.pop("bank")), "predictor": predictor_digest(env.pop("predictor")),
-            "policy": policy_digest(policy) if policy else None, "env": env,
+    method_cfg = method.env_config(env_cfg)
+    env = {k: v for k, v in asdict(method_cfg).items() if k not in ("bank", "predictor")}  # by content instead
+    what = {**run_inputs(method_cfg), "policy": policy_digest(policy) if policy else None, "env": env,
             "live": {k: v for k, v in asdict(cfg).items() if k not in BATCH_FIELDS}}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
