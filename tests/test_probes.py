@@ -11,6 +11,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import torch
 
 from experiments.probes import select_predictor
 from mara_common.config import ConfigError
@@ -19,6 +20,8 @@ from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.registry import ALLOCATORS
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import make_queries, reference_curves
+from mara_fm.fm_model import FlowModel
+from mara_fm.predictors import FMPredictor
 from mara_rl.policy import export_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
 
@@ -122,17 +125,40 @@ def test_history_probe(smoke_bank, fm_dir, tmp_path):
 
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
-               "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval")
+               "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval", "--members", "1,2")
     [rows] = tables(path)
-    assert [r[0] for r in rows] == ["t1", "t1-interval"]
+    assert [r[0] for r in rows] == ["t1", "t1-e2", "t1-interval", "t1-interval-e2"]
     for _, params, epochs, prior, wide, mae, folds, _ in rows:
         assert (epochs, prior, wide) == ("1", "off", "no")
         assert number(params) > 0 and 0 <= number(mae) < math.inf and number(folds) == number(mae)
     # The interval encoding's 5th GRU input costs 3 × hidden weights; the rule prefers the fewer.
-    assert number(rows[1][1]) - number(rows[0][1]) == 3 * 8
+    assert number(rows[2][1]) - number(rows[0][1]) == 3 * 8
+    # An ensemble counts its members' parameters; its second member is the same network with the next seed.
+    assert number(rows[1][1]) == 2 * number(rows[0][1]) and rows[1][5] != rows[0][5]
     assert sum(r[7] == "yes" for r in rows) == 1
-    inputs = json.loads((tmp_path / "work" / "t1-interval-mlp_diabetes+logreg_cancer" / "inputs.json").read_text())
+    work = tmp_path / "work"
+    inputs = json.loads((work / "t1-interval-mlp_diabetes+logreg_cancer" / "inputs.json").read_text())
     assert inputs["config"]["interval_window"] == 1
+    member = json.loads((work / "t1-seed1-mlp_diabetes+logreg_cancer" / "inputs.json").read_text())["config"]
+    assert member["seed"] == 1 and {**member, "seed": 0} == inputs["config"] | {"interval_window": 0}
+
+
+def test_ensemble_pools_its_members_samples(untrained_fm, smoke_bank):
+    torch.manual_seed(1)
+    other = FMPredictor(FlowModel(untrained_fm.cfg).eval(), untrained_fm.cfg, untrained_fm.stats)
+    test = select(load_bank(smoke_bank), "id", "test")
+    q = make_queries(test, reference_curves(test, None))
+    pooled = select_predictor.ensemble([untrained_fm, other])
+    samples = pooled.sorted_crossings(q.hist, q.eps, q.horizon)
+    parts = [m.sorted_crossings(q.hist, q.eps, q.horizon) for m in (untrained_fm, other)]
+    np.testing.assert_array_equal(samples, np.sort(np.concatenate(parts, axis=1), axis=1))
+    assert pooled.cfg.samples == samples.shape[1] == 2 * untrained_fm.cfg.samples
+    assert not np.array_equal(parts[0], parts[1])
+    # Median and optimistic order statistic are read from the pooled samples.
+    band = pooled.remaining_batches(q.hist, q.eps, q.horizon, optimistic=0.15)
+    m = samples.shape[1]
+    np.testing.assert_allclose(band[:, 0], 0.5 * (samples[:, m // 2 - 1] + samples[:, m // 2]))
+    assert select_predictor.ensemble([untrained_fm]) is untrained_fm
 
 
 def test_selection_grid_names_every_dimension():

@@ -38,10 +38,14 @@ no-lr leaves log lr out of the static inputs); among near-ties the fewer
 parameters win (so no-lr), then the four history features. `--prior-curves
 6000` tries another size of the synthetic prior
 (`PredictorConfig.prior_curves`; among near-ties the fewer curves, the
-shorter training, are preferred).
+shorter training, are preferred). `--members 1,3` adds deep ensembles: a
+candidate trained with K seeds (the profile's seed and the next K−1), its
+members' sampled crossings pooled (`EnsembleFM`, named `…-e3`); it counts K
+times the parameters, so among near-ties one network is preferred.
 
 The held-out MAE is computed here from each candidate's last checkpoint with
-the config's sampling settings, on the held-out families' train + val curves
+the config's sampling settings (so a fold's training skips the export's
+sampling sweep, whose choice is never read here), on the held-out families' train + val curves
 (the val MAE that training logs for the same curves, when they are its val set).
 
 Trains with the profile's [predictor] settings, logging to MLflow (each
@@ -55,11 +59,13 @@ Writes experiments/probes/results/select_predictor.md, or into --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -72,6 +78,7 @@ from mara_fm.fm_data import FMDataModule, split_curves
 from mara_fm.fm_lightning import FMLightning
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors import FMPredictor
+from mara_fm.predictors.base import HistoryBatch
 from mara_fm.train_predictor import train_predictor
 from mara_fm.wide_families import WIDE_FAMILIES
 
@@ -108,6 +115,39 @@ def candidates(networks: list[str], epochs: list[int], priors: list[str],
 
 def parameters(profile: Profile, overrides: dict[str, Any]) -> int:
     return sum(p.numel() for p in FlowModel(profile.section(PredictorConfig, "predictor", **overrides)).parameters())
+
+
+class EnsembleFM(FMPredictor):
+    """FM networks trained alike but for their seed, their sampled crossings pooled and sorted: a
+    deep ensemble (Lakshminarayanan et al., NeurIPS 2017), whose spread also carries where the
+    members disagree, as they may on families none of them saw. Median and order statistic are
+    read from the pooled samples (M = the members' sum)."""
+
+    def __init__(self, members: list[FMPredictor]) -> None:
+        first = members[0]
+        super().__init__(first.model, dataclasses.replace(first.cfg, samples=sum(m.cfg.samples for m in members)),
+                         first.stats)
+        self.members = members
+
+    def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        return np.sort(np.concatenate([m.sorted_crossings(hist, eps, horizon) for m in self.members], axis=1),
+                       axis=1)
+
+
+def ensemble(members: list[FMPredictor]) -> FMPredictor:
+    return members[0] if len(members) == 1 else EnsembleFM(members)
+
+
+def member_runs(sel: Selection, name: str, members: int) -> list[tuple[str, dict[str, Any]]]:
+    """(folder name, overrides) of each of candidate `name`'s `members` networks: the first is the
+    candidate itself (the profile's seed), the others add 1, 2, … to the seed."""
+    seed = sel.profile.section(PredictorConfig, "predictor").seed
+    return [(name, sel.grid[name])] + [(f"{name}-seed{seed + i}", {**sel.grid[name], "seed": seed + i})
+                                      for i in range(1, members)]
+
+
+def label(name: str, members: int) -> str:
+    return name if members == 1 else f"{name}-e{members}"
 
 
 def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -166,6 +206,8 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
                              "inputs without log lr)")
     parser.add_argument("--prior-curves", default="",
                         help="synthetic prior sizes tried, comma-separated (default: the profile's)")
+    parser.add_argument("--members", default="1",
+                        help="ensemble sizes tried, comma-separated (K networks with consecutive seeds, pooled)")
     parser.add_argument("--folds", default="+".join(HELDOUT),
                         help="held-out family groups, each FAMILY+FAMILY..., comma-separated (one fold each)")
 
@@ -179,6 +221,7 @@ class Selection:
     wide_bank: Path
     grid: dict[str, dict[str, Any]]
     folds: list[tuple[str, ...]]
+    members: tuple[int, ...] = (1,)
 
     @functools.cached_property
     def frame(self) -> pd.DataFrame:
@@ -205,19 +248,34 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
     if not inputs or set(inputs) - set(INPUTS):
         parser.error(f"--inputs: choose from {list(INPUTS)}")
     sizes = tuple(int(k) for k in items(args.prior_curves)) or (None,)
+    members = tuple(int(k) for k in items(args.members))
+    if not members or min(members) < 1:
+        parser.error("--members: ensemble sizes of at least 1, comma-separated")
     grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data), tuple(inputs), sizes)
     profile = Profile.load(args.profile)
     return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
-                           [tuple(f.split("+")) for f in items(args.folds)])
+                           [tuple(f.split("+")) for f in items(args.folds)], members)
 
 
-def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...]) -> FMPredictor:
-    """Candidate `name` trained without the fold's families (resumed if trained), as its last checkpoint."""
-    overrides = sel.grid[name]
-    folder, held = fold_run(work, name, overrides, fold)
-    train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held, **overrides)
-    cfg = sel.profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
-    return last_checkpoint(sel.bank, sel.wide_bank, folder, cfg)
+def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1) -> FMPredictor:
+    """Candidate `name` (an ensemble of `members`) trained without the fold's families (resumed if
+    trained), as its last checkpoint."""
+    trained = []
+    for run, overrides in member_runs(sel, name, members):
+        folder, held = fold_run(work, run, overrides, fold)
+        cfg = sel.profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
+        train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held,
+                        sample_choices=(cfg.samples,), step_choices=(cfg.euler_steps,), **overrides)
+        trained.append(last_checkpoint(sel.bank, sel.wide_bank, folder, cfg))
+    return ensemble(trained)
+
+
+def full_predictor(sel: Selection, work: Path, name: str, members: int = 1) -> FMPredictor:
+    """Candidate `name` (an ensemble of `members`) trained on every family it may use and exported
+    as `train-predictor` exports it (resumed if trained)."""
+    return ensemble([FMPredictor.load(train_predictor(sel.profile, sel.bank, work / run, verbose=False,
+                                                      **overrides).predictor_path)
+                     for run, overrides in member_runs(sel, name, members)])
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -227,17 +285,17 @@ def main(argv: list[str] | None = None) -> Path:
     args, sel = parse_selection(parser, argv)
     queries = {fold: heldout_queries(heldout_curves(sel.frame, fold)) for fold in sel.folds}
     rows = []
-    for name, overrides in sel.grid.items():
+    for (name, overrides), k in ((item, k) for item in sel.grid.items() for k in sel.members):
         maes = []
         for fold in sel.folds:
-            predictor = fold_predictor(sel, args.work, name, fold)
+            predictor = fold_predictor(sel, args.work, name, fold, k)
             maes.append(heldout_mae(predictor, queries[fold]))
-            print(f"[select] {name} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
-        rows.append({"name": name, "epochs": overrides["max_epochs"], "prior": overrides["prior"],
+            print(f"[select] {label(name, k)} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
+        rows.append({"name": label(name, k), "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "window": overrides["interval_window"],
                      "prior_curves": sel.profile.section(PredictorConfig, "predictor", **overrides).prior_curves,
                      "mae": sum(maes) / len(maes), "folds": maes,
-                     "params": parameters(sel.profile, overrides)})
+                     "params": k * parameters(sel.profile, overrides)})
     choice = choose(rows)
     lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "
              "the held-out families' train + val curves, the mean over folds.", "",

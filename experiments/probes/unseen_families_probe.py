@@ -42,9 +42,11 @@ from experiments.probes.common import add_common_flags, save_table, success
 from experiments.probes.select_predictor import (
     add_grid_flags,
     fold_predictor,
+    full_predictor,
     heldout_curves,
     heldout_mae,
     heldout_queries,
+    label,
     parse_selection,
 )
 from mara_common.threads import torch_threads
@@ -53,21 +55,20 @@ from mara_fm.bank import CurveSet, save_bank
 from mara_fm.eval_predictor import Queries, calibration_max_dev, crossing_samples, reliability
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.base import HistoryBatch
-from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import pooled_episodes
 
 PLANNERS = {"teacher": "lara_optimistic", "LARA": "lara"}
 
 
 class ScaledFM(FMPredictor):
-    """FM with every sampled crossing multiplied by `scale` (capped at the horizon)."""
+    """FM (or an ensemble of FM) with every sampled crossing multiplied by `scale` (capped at the horizon)."""
 
     def __init__(self, base: FMPredictor, scale: float) -> None:
         super().__init__(base.model, base.cfg, base.stats)
-        self.scale = scale
+        self.base, self.scale = base, scale
 
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
-        return np.minimum(super().sorted_crossings(hist, eps, horizon) * self.scale, horizon[:, None])
+        return np.minimum(self.base.sorted_crossings(hist, eps, horizon) * self.scale, horizon[:, None])
 
 
 def scaled(predictor: FMPredictor, scale: float) -> FMPredictor:
@@ -103,16 +104,15 @@ def main(argv: list[str] | None = None) -> Path:
     base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
     id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
-    labels = {(name, scale): f"{name}" + (f" x{scale:g}" if scale != 1 else "") for name in grid for scale in scales}
+    variants = [(name, size, scale) for name in grid for size in sel.members for scale in scales]
+    labels = {(name, size, scale): label(name, size) + (f" x{scale:g}" if scale != 1 else "")
+              for name, size, scale in variants}
     on_id: dict[str, float] = {}
-    for name, overrides in grid.items():
-        result = train_predictor(profile, bank, args.work / name, verbose=False, **overrides)
-        full = FMPredictor.load(result.predictor_path)
-        for scale in scales:
-            label = labels[name, scale]
-            with torch_threads(1):
-                on_id[label] = success(id_val, id_episodes, scaled(full, scale))
-            print(f"[unseen] {label} on ID val: teacher {on_id[label]:.2f}", flush=True)
+    for name, size, scale in variants:
+        full, shown = full_predictor(sel, args.work, name, size), labels[name, size, scale]
+        with torch_threads(1):
+            on_id[shown] = success(id_val, id_episodes, scaled(full, scale))
+        print(f"[unseen] {shown} on ID val: teacher {on_id[shown]:.2f}", flush=True)
     table: dict[str, list[dict[str, float]]] = {label: [] for label in labels.values()}
     shares: dict[str, dict[tuple[str, ...], np.ndarray]] = {label: {} for label in labels.values()}
     for fold in folds:
@@ -121,17 +121,16 @@ def main(argv: list[str] | None = None) -> Path:
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
         queries = heldout_queries(curves)
-        for name in grid:
-            trained = fold_predictor(sel, args.work, name, fold)
-            for scale in scales:
-                predictor, label = scaled(trained, scale), labels[name, scale]
-                with torch_threads(1):
-                    row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
-                row["mae"] = heldout_mae(predictor, queries)
-                row["calib"], shares[label][fold] = heldout_calibration(predictor, queries)
-                table[label].append(row)
-                print(f"[unseen] {'+'.join(fold)} {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
-                      flush=True)
+        for name, size, scale in variants:
+            trained = fold_predictor(sel, args.work, name, fold, size)
+            predictor, shown = scaled(trained, scale), labels[name, size, scale]
+            with torch_threads(1):
+                row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
+            row["mae"] = heldout_mae(predictor, queries)
+            row["calib"], shares[shown][fold] = heldout_calibration(predictor, queries)
+            table[shown].append(row)
+            print(f"[unseen] {'+'.join(fold)} {shown}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
+                  flush=True)
     lines = [f"Folds: {'; '.join(', '.join(f) for f in folds)}. Each fold: {args.roots} x {args.episodes_per_root} "
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
              "without those families (last checkpoint). Success %, mean over folds (per fold in brackets). "
