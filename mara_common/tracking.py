@@ -111,6 +111,21 @@ def ensure_experiment(name: str, uri: str | None = None) -> str:
         return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: KIND})
 
 
+def holds_run(run_id: str, uri: str | None = None) -> bool:
+    """Whether store `uri` (default: the configured one) holds run `run_id`: a resumed training
+    continues its MLflow run only in the store that has it."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = uri or tracking_uri()
+    check_reachable(uri)
+    try:
+        mlflow.MlflowClient(uri).get_run(run_id)
+    except MlflowException:
+        return False
+    return True
+
+
 @contextmanager
 def mlflow_run(experiment: str, run_name: str | None = None, tags: dict[str, Any] | None = None,
                run_id: str | None = None, nested: bool = False) -> Iterator[Any]:

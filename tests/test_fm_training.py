@@ -64,6 +64,20 @@ def test_resume_continues_from_last_checkpoint(trained, smoke_bank):
     assert FMPredictor.load(again.predictor_path).numpy_flow is not None
 
 
+def test_a_resume_under_another_store_starts_a_run_there(trained, smoke_bank, tmp_path, monkeypatch):
+    import mlflow
+
+    result, root, _ = trained
+    shutil.copytree(root / "out", tmp_path / "out")
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    again = train_predictor("smoke", smoke_bank, tmp_path / "out", verbose=False)
+    moved = mlflow.MlflowClient(other).get_run(again.run_id)
+    assert again.run_id != result.run_id and moved.data.tags["resumed_from_run"] == result.run_id
+    assert moved.data.params["n_boundaries"] == "32" and "chosen_val_mae" in moved.data.metrics
+    assert (tmp_path / "out" / "mlflow_run_id").read_text().strip() == again.run_id
+
+
 def test_interval_mean_inputs_train_and_travel_with_the_export(trained, smoke_bank, tmp_path):
     """With `interval_window` the network reads five features per point, in training and in
     the exported predictor, which says so in its config."""
