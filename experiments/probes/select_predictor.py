@@ -44,9 +44,10 @@ members' sampled crossings pooled (`EnsembleFM`, named `…-e3`); it counts K
 times the parameters, so among near-ties one network is preferred.
 
 The held-out MAE is computed here from each candidate's last checkpoint with
-the config's sampling settings (so a fold's training skips the export's
-sampling sweep, whose choice is never read here), on the held-out families' train + val curves
-(the val MAE that training logs for the same curves, when they are its val set).
+the config's sampling settings, on the held-out families' train + val curves
+(the val MAE that training logs for the same curves, when they are its val
+set); a fold's training therefore skips the export's sampling sweep, whose
+choice is never read here.
 
 Trains with the profile's [predictor] settings, logging to MLflow (each
 candidate's folder under --work resumes). Run from the project root:

@@ -104,33 +104,36 @@ def main(argv: list[str] | None = None) -> Path:
     base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
     id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
-    variants = [(name, size, scale) for name in grid for size in sel.members for scale in scales]
+    trained_as = [(name, size) for name in grid for size in sel.members]  # one predictor each, every scale
     labels = {(name, size, scale): label(name, size) + (f" x{scale:g}" if scale != 1 else "")
-              for name, size, scale in variants}
+              for name, size in trained_as for scale in scales}
     on_id: dict[str, float] = {}
-    for name, size, scale in variants:
-        full, shown = full_predictor(sel, args.work, name, size), labels[name, size, scale]
-        with torch_threads(1):
-            on_id[shown] = success(id_val, id_episodes, scaled(full, scale))
-        print(f"[unseen] {shown} on ID val: teacher {on_id[shown]:.2f}", flush=True)
-    table: dict[str, list[dict[str, float]]] = {label: [] for label in labels.values()}
-    shares: dict[str, dict[tuple[str, ...], np.ndarray]] = {label: {} for label in labels.values()}
+    for name, size in trained_as:
+        full = full_predictor(sel, args.work, name, size)
+        for scale in scales:
+            shown = labels[name, size, scale]
+            with torch_threads(1):
+                on_id[shown] = success(id_val, id_episodes, scaled(full, scale))
+            print(f"[unseen] {shown} on ID val: teacher {on_id[shown]:.2f}", flush=True)
+    table: dict[str, list[dict[str, float]]] = {shown: [] for shown in labels.values()}
+    shares: dict[str, dict[tuple[str, ...], np.ndarray]] = {shown: {} for shown in labels.values()}
     for fold in folds:
         curves = heldout_curves(sel.frame, fold)
         path = heldout_bank(sel.frame, curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
         queries = heldout_queries(curves)
-        for name, size, scale in variants:
+        for name, size in trained_as:
             trained = fold_predictor(sel, args.work, name, fold, size)
-            predictor, shown = scaled(trained, scale), labels[name, size, scale]
-            with torch_threads(1):
-                row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
-            row["mae"] = heldout_mae(predictor, queries)
-            row["calib"], shares[shown][fold] = heldout_calibration(predictor, queries)
-            table[shown].append(row)
-            print(f"[unseen] {'+'.join(fold)} {shown}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
-                  flush=True)
+            for scale in scales:
+                predictor, shown = scaled(trained, scale), labels[name, size, scale]
+                with torch_threads(1):
+                    row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
+                row["mae"] = heldout_mae(predictor, queries)
+                row["calib"], shares[shown][fold] = heldout_calibration(predictor, queries)
+                table[shown].append(row)
+                print(f"[unseen] {'+'.join(fold)} {shown}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
+                      flush=True)
     lines = [f"Folds: {'; '.join(', '.join(f) for f in folds)}. Each fold: {args.roots} x {args.episodes_per_root} "
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
              "without those families (last checkpoint). Success %, mean over folds (per fold in brackets). "
