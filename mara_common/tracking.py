@@ -112,8 +112,7 @@ def ensure_experiment(name: str, uri: str | None = None) -> str:
 
 
 def holds_run(run_id: str, uri: str | None = None) -> bool:
-    """Whether store `uri` (default: the configured one) holds run `run_id`: a resumed training
-    continues its MLflow run only in the store that has it."""
+    """Whether store `uri` (default: the configured one) holds run `run_id`."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -129,11 +128,15 @@ def holds_run(run_id: str, uri: str | None = None) -> bool:
 @contextmanager
 def mlflow_run(experiment: str, run_name: str | None = None, tags: dict[str, Any] | None = None,
                run_id: str | None = None, nested: bool = False) -> Iterator[Any]:
-    """Start (or resume, with `run_id`) a run in `experiment` on the configured store."""
+    """Start (or resume, with `run_id`) a run in `experiment` on the configured store. A training
+    resumed under a store that does not hold its `run_id` (a job logging elsewhere) goes on in a
+    new run there, tagged `resumed_from_run` with the one it continues."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(experiment_id=ensure_experiment(experiment))
+    if run_id is not None and not holds_run(run_id):
+        tags, run_id = {**(tags or {}), "resumed_from_run": run_id}, None
     with mlflow.start_run(run_id=run_id, run_name=run_name, nested=nested,
                           tags={k: str(v) for k, v in (tags or {}).items()}) as run:
         yield run

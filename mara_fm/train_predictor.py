@@ -26,7 +26,7 @@ from mara_common.config import ConfigError
 from mara_common.paths import normal_path
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_common.tracking import holds_run, mlflow_run
+from mara_common.tracking import mlflow_run
 from mara_fm.bank import bank_digest
 from mara_fm.build_bank import BankConfig, ensure_bank, ensure_wide_bank
 from mara_fm.eval_predictor import Queries, score
@@ -156,16 +156,13 @@ def _train(profile: Profile, bank_path: str | Path | None, out_dir: str | Path |
     module = FMLightning(cfg, data.stats)
     run_id = run_file.read_text().strip() if resuming and run_file.exists() else None
     tags = {"stage": "train", "profile": profile.name, "bank": str(bank_path)}
-    if run_id is not None and not holds_run(run_id):
-        # Resumed under another store (a job logging elsewhere): a new run there names the one it continues.
-        tags["resumed_from_run"], run_id = run_id, None
     with mlflow_run(EXPERIMENT, run_name=f"train-predictor-{profile.name}", tags=tags,
                     run_id=run_id) as run:
         import mlflow
 
         out_dir.mkdir(parents=True, exist_ok=True)
         run_file.write_text(run.info.run_id)
-        if run_id is None:
+        if run.info.run_id != run_id:  # a new run (under another store too, see `mlflow_run`)
             mlflow.log_params({**asdict(cfg), "bank": str(bank_path), "profile": profile.name})
             mlflow.log_metrics({f"constant_val_{k}": v for k, v in data.constant_val.items()
                                 if k in ("capped_mae", "budget_accuracy")})

@@ -38,7 +38,7 @@ from ray.tune.registry import register_env
 
 from mara_common.config import ConfigError
 from mara_common.threads import torch_threads
-from mara_common.tracking import mlflow_run, tracking_uri
+from mara_common.tracking import mlflow_run
 from mara_env import ENV_ID
 from mara_env.env import EnvConfig, MultiNodeEnv, load_curves, sample_episodes
 from mara_env.vector import PooledVectorEnv, replay_in_lockstep
@@ -278,7 +278,6 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         def commit(it: int, steps: float, run_id: str) -> None:
             """Checkpoint and state in one step; then drop best policies no state refers to."""
             commit_checkpoint(algo, out_dir, {"iteration": it, "env_steps": steps, "mlflow_run_id": run_id,
-                                              "mlflow_uri": tracking_uri(),
                                               "config": comparable(cfg, env_cfg), "best": best,
                                               "inputs": inputs})
             for stale in out_dir.glob("best_policy-*"):
@@ -286,13 +285,8 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
                     shutil.rmtree(stale)
 
         tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir, **tags}
-        # A resume continues the run's MLflow run in the store that holds it; in another store
-        # (a job logging elsewhere) it starts a new one there.
-        same_store = state.get("mlflow_uri") == tracking_uri()
-        run_id = state.get("mlflow_run_id") if same_store else None
-        if state and not same_store:
-            tags["resumed_from_run"] = state.get("mlflow_run_id")
-        with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=run_id) as run:
+        # A resume continues the run's MLflow run in the store that holds it (`mlflow_run`).
+        with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
             if not state:
                 mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
                                    **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
