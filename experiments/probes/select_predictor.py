@@ -224,6 +224,11 @@ class Selection:
     folds: list[tuple[str, ...]]
     members: tuple[int, ...] = (1,)
 
+    @property
+    def trained_as(self) -> list[tuple[str, int]]:
+        """(candidate, ensemble size) of every predictor the selection scores."""
+        return [(name, k) for name in self.grid for k in self.members]
+
     @functools.cached_property
     def frame(self) -> pd.DataFrame:
         """Both banks' curves, loaded once."""
@@ -286,8 +291,8 @@ def main(argv: list[str] | None = None) -> Path:
     args, sel = parse_selection(parser, argv)
     queries = {fold: heldout_queries(heldout_curves(sel.frame, fold)) for fold in sel.folds}
     rows = []
-    for (name, overrides), k in ((item, k) for item in sel.grid.items() for k in sel.members):
-        maes = []
+    for name, k in sel.trained_as:
+        overrides, maes = sel.grid[name], []
         for fold in sel.folds:
             predictor = fold_predictor(sel, args.work, name, fold, k)
             maes.append(heldout_mae(predictor, queries[fold]))

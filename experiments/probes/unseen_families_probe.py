@@ -100,15 +100,14 @@ def main(argv: list[str] | None = None) -> Path:
     scales = [float(x) for x in args.crossing_scales.split(",")]
     if not scales or min(scales) <= 0:
         parser.error("--crossing-scales: positive factors, comma-separated")
-    profile, bank, grid, folds = sel.profile, sel.bank, sel.grid, sel.folds
+    profile, bank, folds = sel.profile, sel.bank, sel.folds
     base = profile.section(EnvConfig, "env", split="val", task_set="heldout")
     id_val = profile.section(EnvConfig, "env", bank=str(bank), split="val", task_set="id")
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
-    trained_as = [(name, size) for name in grid for size in sel.members]  # one predictor each, every scale
     labels = {(name, size, scale): label(name, size) + (f" x{scale:g}" if scale != 1 else "")
-              for name, size in trained_as for scale in scales}
+              for name, size in sel.trained_as for scale in scales}
     on_id: dict[str, float] = {}
-    for name, size in trained_as:
+    for name, size in sel.trained_as:  # one predictor, every scale
         full = full_predictor(sel, args.work, name, size)
         for scale in scales:
             shown = labels[name, size, scale]
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> Path:
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
         queries = heldout_queries(curves)
-        for name, size in trained_as:
+        for name, size in sel.trained_as:  # one predictor, every scale
             trained = fold_predictor(sel, args.work, name, fold, size)
             for scale in scales:
                 predictor, shown = scaled(trained, scale), labels[name, size, scale]
