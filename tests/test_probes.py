@@ -125,22 +125,30 @@ def test_history_probe(smoke_bank, fm_dir, tmp_path):
 
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
-               "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval", "--members", "1,2")
+               "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval", "--members", "1,2",
+               "--seeds", "2")
     [rows] = tables(path)
     assert [r[0] for r in rows] == ["t1", "t1-e2", "t1-interval", "t1-interval-e2"]
-    for _, params, epochs, prior, wide, mae, folds, _ in rows:
+    for _, params, epochs, prior, wide, mae, folds, seeds, _ in rows:
         assert (epochs, prior, wide) == ("1", "off", "no")
         assert number(params) > 0 and 0 <= number(mae) < math.inf and number(folds) == number(mae)
+        # The rule reads the mean over the training replicates, which differ by their seeds alone.
+        per_seed = [number(x) for x in seeds.split(" / ")]
+        assert len(per_seed) == 2 and per_seed[0] != per_seed[1]
+        assert number(mae) == pytest.approx(sum(per_seed) / 2, abs=0.01)
     # The interval encoding's 5th GRU input costs 3 × hidden weights; the rule prefers the fewer.
     assert number(rows[2][1]) - number(rows[0][1]) == 3 * 8
     # An ensemble counts its members' parameters; its second member is the same network with the next seed.
     assert number(rows[1][1]) == 2 * number(rows[0][1]) and rows[1][5] != rows[0][5]
-    assert sum(r[7] == "yes" for r in rows) == 1
+    assert sum(r[8] == "yes" for r in rows) == 1
     work = tmp_path / "work"
     inputs = json.loads((work / "t1-interval-mlp_diabetes+logreg_cancer" / "inputs.json").read_text())
     assert inputs["config"]["interval_window"] == 1
     member = json.loads((work / "t1-seed1-mlp_diabetes+logreg_cancer" / "inputs.json").read_text())["config"]
     assert member["seed"] == 1 and {**member, "seed": 0} == inputs["config"] | {"interval_window": 0}
+    # The second replicate of the two-member ensemble is the next two seeds.
+    assert {p.name for p in work.iterdir() if p.name.startswith("t1-seed")} == {
+        f"t1-seed{k}-mlp_diabetes+logreg_cancer" for k in (1, 2, 3)}
 
 
 def test_ensemble_pools_its_members_samples(untrained_fm, smoke_bank):
@@ -182,7 +190,8 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
     for row in rows:
         per_fold = [number(x) for x in row[6].split(" / ")]
         assert len(per_fold) == 2 and number(row[5]) == pytest.approx(sum(per_fold) / 2, abs=0.01)
-    assert sum(r[7] == "yes" for r in rows) == 1
+        assert number(row[7]) == number(row[5])  # one training replicate
+    assert sum(r[8] == "yes" for r in rows) == 1
     # A wide candidate leaves a fold's wide families out of training; an ID one has none to leave.
     work = sorted(p.name for p in (tmp_path / "work").iterdir() if p.is_dir())
     assert "t2-wide-mlp_wine+gcn_blocks" in work and "t2-mlp_wine" in work and "t2-cnn_digits" in work
@@ -198,12 +207,13 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
     assert [r[0] for r in table] == [f"{name}{scale}" for name in ("t2", "t2-wide", "t2-mixture", "t2-mixture-wide")
                                      for scale in ("", " x2")]
     mae_by_name = {r[0]: number(r[5]) for r in rows}
-    for name, teacher, lara, mae, calib, on_id, weighted in table:
+    for name, teacher, lara, mae, calib, on_id, weighted, per_replicate in table:
         assert 0 <= percent(teacher.split()[0]) and 0 <= percent(lara.split()[0]) and 0 <= percent(on_id)
         assert 0 <= number(calib) <= 1
         if name in mae_by_name:
             assert number(mae.split()[0]) == pytest.approx(mae_by_name[name], abs=0.01)
         assert number(weighted) == pytest.approx((number(on_id) + 2 * number(teacher.split()[0])) / 3, abs=0.01)
+        assert number(per_replicate) == pytest.approx(number(weighted), abs=0.01)
 
 
 def test_scaled_fm_scales_every_crossing_up_to_the_horizon(untrained_fm, smoke_bank):

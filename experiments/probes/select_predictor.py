@@ -41,7 +41,12 @@ parameters win (so no-lr), then the four history features. `--prior-curves
 shorter training, are preferred). `--members 1,3` adds deep ensembles: a
 candidate trained with K seeds (the profile's seed and the next K−1), its
 members' sampled crossings pooled (`EnsembleFM`, named `…-e3`); it counts K
-times the parameters, so among near-ties one network is preferred.
+times the parameters, so among near-ties one network is preferred. `--seeds 3`
+trains each candidate (each ensemble) three times with different seeds (the
+profile's seed and the next ones; replicate r of a K-member ensemble takes the
+K seeds after replicate r−1's) and the rule reads the mean over seeds: one
+training seed moves the held-out MAE by about 5% (docs/decisions.md, "A deep
+ensemble of FM"), more than the 2% tolerance.
 
 The held-out MAE is computed here from each candidate's last checkpoint with
 the config's sampling settings, on the held-out families' train + val curves
@@ -139,12 +144,14 @@ def ensemble(members: list[FMPredictor]) -> FMPredictor:
     return members[0] if len(members) == 1 else EnsembleFM(members)
 
 
-def member_runs(sel: Selection, name: str, members: int) -> list[tuple[str, dict[str, Any]]]:
-    """(folder name, overrides) of each of candidate `name`'s `members` networks: the first is the
-    candidate itself (the profile's seed), the others add 1, 2, … to the seed."""
-    seed = sel.profile.section(PredictorConfig, "predictor").seed
-    return [(name, sel.grid[name])] + [(f"{name}-seed{seed + i}", {**sel.grid[name], "seed": seed + i})
-                                      for i in range(1, members)]
+def member_runs(sel: Selection, name: str, members: int, replicate: int = 0) -> list[tuple[str, dict[str, Any]]]:
+    """(folder name, overrides) of each of candidate `name`'s `members` networks in training
+    replicate `replicate`: the profile's seed plus replicate·members, +1, +2, …; the network at
+    the profile's seed is the candidate itself, the others are named by their seed."""
+    base = sel.profile.section(PredictorConfig, "predictor").seed
+    seeds = [base + replicate * members + i for i in range(members)]
+    return [(name, sel.grid[name]) if seed == base else (f"{name}-seed{seed}", {**sel.grid[name], "seed": seed})
+            for seed in seeds]
 
 
 def label(name: str, members: int) -> str:
@@ -209,13 +216,16 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
                         help="synthetic prior sizes tried, comma-separated (default: the profile's)")
     parser.add_argument("--members", default="1",
                         help="ensemble sizes tried, comma-separated (K networks with consecutive seeds, pooled)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="training replicates per candidate, each with its own seeds; the rule reads their mean")
     parser.add_argument("--folds", default="+".join(HELDOUT),
                         help="held-out family groups, each FAMILY+FAMILY..., comma-separated (one fold each)")
 
 
 @dataclass(frozen=True)
 class Selection:
-    """What a selection run reads: the profile, both banks, the candidates by name and the folds."""
+    """What a selection run reads: the profile, both banks, the candidates by name, the folds, the
+    ensemble sizes and the number of training replicates (seeds) of each."""
 
     profile: Profile
     bank: Path
@@ -223,6 +233,7 @@ class Selection:
     grid: dict[str, dict[str, Any]]
     folds: list[tuple[str, ...]]
     members: tuple[int, ...] = (1,)
+    seeds: int = 1
 
     @property
     def trained_as(self) -> list[tuple[str, int]]:
@@ -257,17 +268,20 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
     members = tuple(int(k) for k in items(args.members))
     if not members or min(members) < 1:
         parser.error("--members: ensemble sizes of at least 1, comma-separated")
+    if args.seeds < 1:
+        parser.error("--seeds: at least 1 training replicate per candidate")
     grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data), tuple(inputs), sizes)
     profile = Profile.load(args.profile)
     return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
-                           [tuple(f.split("+")) for f in items(args.folds)], members)
+                           [tuple(f.split("+")) for f in items(args.folds)], members, args.seeds)
 
 
-def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1) -> FMPredictor:
-    """Candidate `name` (an ensemble of `members`) trained without the fold's families (resumed if
-    trained), as its last checkpoint."""
+def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1,
+                   replicate: int = 0) -> FMPredictor:
+    """Candidate `name` (an ensemble of `members`, training replicate `replicate`) trained without
+    the fold's families (resumed if trained), as its last checkpoint."""
     trained = []
-    for run, overrides in member_runs(sel, name, members):
+    for run, overrides in member_runs(sel, name, members, replicate):
         folder, held = fold_run(work, run, overrides, fold)
         cfg = sel.profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
         train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held,
@@ -276,12 +290,12 @@ def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...],
     return ensemble(trained)
 
 
-def full_predictor(sel: Selection, work: Path, name: str, members: int = 1) -> FMPredictor:
-    """Candidate `name` (an ensemble of `members`) trained on every family it may use and exported
-    as `train-predictor` exports it (resumed if trained)."""
+def full_predictor(sel: Selection, work: Path, name: str, members: int = 1, replicate: int = 0) -> FMPredictor:
+    """Candidate `name` (an ensemble of `members`, training replicate `replicate`) trained on every
+    family it may use and exported as `train-predictor` exports it (resumed if trained)."""
     return ensemble([FMPredictor.load(train_predictor(sel.profile, sel.bank, work / run, verbose=False,
                                                       **overrides).predictor_path)
-                     for run, overrides in member_runs(sel, name, members)])
+                     for run, overrides in member_runs(sel, name, members, replicate)])
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -292,24 +306,26 @@ def main(argv: list[str] | None = None) -> Path:
     queries = {fold: heldout_queries(heldout_curves(sel.frame, fold)) for fold in sel.folds}
     rows = []
     for name, k in sel.trained_as:
-        overrides, maes = sel.grid[name], []
-        for fold in sel.folds:
-            predictor = fold_predictor(sel, args.work, name, fold, k)
-            maes.append(heldout_mae(predictor, queries[fold]))
-            print(f"[select] {label(name, k)} fold {'+'.join(fold)}: held-out MAE {maes[-1]:.2f}", flush=True)
+        overrides, maes = sel.grid[name], np.zeros((sel.seeds, len(sel.folds)))
+        for r in range(sel.seeds):
+            for j, fold in enumerate(sel.folds):
+                maes[r, j] = heldout_mae(fold_predictor(sel, args.work, name, fold, k, r), queries[fold])
+                print(f"[select] {label(name, k)} seed replicate {r} fold {'+'.join(fold)}: "
+                      f"held-out MAE {maes[r, j]:.2f}", flush=True)
         rows.append({"name": label(name, k), "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "window": overrides["interval_window"],
                      "prior_curves": sel.profile.section(PredictorConfig, "predictor", **overrides).prior_curves,
-                     "mae": sum(maes) / len(maes), "folds": maes,
+                     "mae": float(maes.mean()), "folds": maes.mean(axis=0), "seeds": maes.mean(axis=1),
                      "params": k * parameters(sel.profile, overrides)})
     choice = choose(rows)
     lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "
-             "the held-out families' train + val curves, the mean over folds.", "",
-             "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | chosen |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"the held-out families' train + val curves, the mean over folds and {sel.seeds} training "
+             "replicate(s); per fold: the mean over replicates; per seed: each replicate's mean over folds.", "",
+             "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | per seed | chosen |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['params']:,} | {r['epochs']} | {r['prior']} | {'yes' if r['wide'] else 'no'} | "
-              f"{r['mae']:.2f} | {' / '.join(f'{x:.2f}' for x in r['folds'])} | {'yes' if r is choice else ''} |"
-              for r in rows]
+              f"{r['mae']:.2f} | {' / '.join(f'{x:.2f}' for x in r['folds'])} | "
+              f"{' / '.join(f'{x:.2f}' for x in r['seeds'])} | {'yes' if r is choice else ''} |" for r in rows]
     print("\n".join(lines))
     return save_table(lines, args.out, "select_predictor.md")
 

@@ -20,6 +20,11 @@ batches) multiplied by a factor, capped at the horizon: a correction of the low
 bias FM's samples show on families it never saw, chosen here on the folds like
 everything else (1 = the predictor as trained).
 
+With `--seeds N` every candidate is scored in N training replicates (its own
+seeds, as in `select_predictor.py`): the table gives their mean and each
+replicate's weighted score, since one training seed alone moves that score
+about as much as the candidates differ.
+
 It takes `select_predictor.py`'s grid and fold flags and reuses its --work folder
 (candidates it has not trained are trained first). Run from the project root:
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -106,48 +112,58 @@ def main(argv: list[str] | None = None) -> Path:
     id_episodes = pooled_episodes(id_val, args.roots, args.episodes_per_root)
     labels = {(name, size, scale): label(name, size) + (f" x{scale:g}" if scale != 1 else "")
               for name, size in sel.trained_as for scale in scales}
-    on_id: dict[str, float] = {}
-    for name, size in sel.trained_as:  # one predictor, every scale
-        full = full_predictor(sel, args.work, name, size)
+    replicates = range(sel.seeds)
+    on_id: dict[str, list[float]] = {shown: [] for shown in labels.values()}  # one per training replicate
+    for (name, size), r in itertools.product(sel.trained_as, replicates):  # one predictor, every scale
+        full = full_predictor(sel, args.work, name, size, r)
         for scale in scales:
             shown = labels[name, size, scale]
             with torch_threads(1):
-                on_id[shown] = success(id_val, id_episodes, scaled(full, scale))
-            print(f"[unseen] {shown} on ID val: teacher {on_id[shown]:.2f}", flush=True)
-    table: dict[str, list[dict[str, float]]] = {shown: [] for shown in labels.values()}
-    shares: dict[str, dict[tuple[str, ...], np.ndarray]] = {shown: {} for shown in labels.values()}
+                on_id[shown].append(success(id_val, id_episodes, scaled(full, scale)))
+            print(f"[unseen] {shown} (replicate {r}) on ID val: teacher {on_id[shown][-1]:.2f}", flush=True)
+    # rows[shown][fold]: one row per training replicate
+    rows: dict[str, dict[tuple[str, ...], list[dict[str, float]]]] = {shown: {} for shown in labels.values()}
+    shares: dict[str, list[np.ndarray]] = {shown: [] for shown in labels.values()}
     for fold in folds:
         curves = heldout_curves(sel.frame, fold)
         path = heldout_bank(sel.frame, curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
         cfg = dataclasses.replace(base, bank=str(path))
         episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
         queries = heldout_queries(curves)
-        for name, size in sel.trained_as:  # one predictor, every scale
-            trained = fold_predictor(sel, args.work, name, fold, size)
+        for (name, size), r in itertools.product(sel.trained_as, replicates):  # one predictor, every scale
+            trained = fold_predictor(sel, args.work, name, fold, size, r)
             for scale in scales:
                 predictor, shown = scaled(trained, scale), labels[name, size, scale]
                 with torch_threads(1):
                     row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
                 row["mae"] = heldout_mae(predictor, queries)
-                row["calib"], shares[shown][fold] = heldout_calibration(predictor, queries)
-                table[shown].append(row)
-                print(f"[unseen] {'+'.join(fold)} {shown}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
-                      flush=True)
+                row["calib"], curve = heldout_calibration(predictor, queries)
+                rows[shown].setdefault(fold, []).append(row)
+                shares[shown].append(curve)
+                print(f"[unseen] {'+'.join(fold)} {shown} (replicate {r}): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
     lines = [f"Folds: {'; '.join(', '.join(f) for f in folds)}. Each fold: {args.roots} x {args.episodes_per_root} "
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
-             "without those families (last checkpoint). Success %, mean over folds (per fold in brackets). "
-             "`ID val`: the teacher on the ID val episodes with the candidate trained on all its families.", "",
-             "| candidate | teacher, unseen | LARA, unseen | held-out MAE | calib. dev | teacher, ID val | weighted |",
-             "|---|---|---|---|---|---|---|"]
-    for name, rows in table.items():
-        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("teacher", "LARA", "mae", "calib")}
-        cells = [f"{mean[k]:.2f} ({' / '.join(f'{r[k]:.1f}' for r in rows)})" for k in ("teacher", "LARA", "mae")]
-        weighted = (on_id[name] + 2 * mean["teacher"]) / 3
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean['calib']:.3f} | {on_id[name]:.2f} | {weighted:.2f} |")
-    lines += ["", "Reliability on the held-out curves, mean over folds (share of queries whose true demand lies "
-              "below the k-th smallest of the M samples; calibrated: k/(M+1)):", ""]
-    for name, by_fold in shares.items():
-        curve = np.mean(list(by_fold.values()), axis=0)
+             "without those families (last checkpoint). Success %, mean over folds (per fold in brackets) and "
+             f"{sel.seeds} training replicate(s). `ID val`: the teacher on the ID val episodes with the candidate "
+             "trained on all its families. `weighted` per replicate: each training replicate's own.", "",
+             "| candidate | teacher, unseen | LARA, unseen | held-out MAE | calib. dev | teacher, ID val | weighted "
+             "| weighted per replicate |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, by_fold in rows.items():
+        # [replicate, fold] arrays of each measure
+        grid = {k: np.array([[reps[r][k] for reps in by_fold.values()] for r in replicates])
+                for k in ("teacher", "LARA", "mae", "calib")}
+        cells = [f"{grid[k].mean():.2f} ({' / '.join(f'{x:.1f}' for x in grid[k].mean(axis=0))})"
+                 for k in ("teacher", "LARA", "mae")]
+        weighted = (np.array(on_id[name]) + 2 * grid["teacher"].mean(axis=1)) / 3
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {grid['calib'].mean():.3f} | "
+                     f"{np.mean(on_id[name]):.2f} | {weighted.mean():.2f} | "
+                     + " / ".join(f"{w:.2f}" for w in weighted) + " |")
+    lines += ["", "Reliability on the held-out curves, mean over folds and replicates (share of queries whose true "
+              "demand lies below the k-th smallest of the M samples; calibrated: k/(M+1)):", ""]
+    for name, curves_of in shares.items():
+        curve = np.mean(curves_of, axis=0)
         nominal = np.arange(1, len(curve) + 1) / (len(curve) + 1)
         lines.append(f"- {name}: " + ", ".join(f"{s:.2f} ({n:.2f})" for s, n in zip(curve, nominal, strict=True)))
     print("\n".join(lines))
