@@ -214,6 +214,20 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
             assert number(mae.split()[0]) == pytest.approx(mae_by_name[name], abs=0.01)
         assert number(weighted) == pytest.approx((number(on_id) + 2 * number(teacher.split()[0])) / 3, abs=0.01)
         assert number(per_replicate) == pytest.approx(number(weighted), abs=0.01)
+    # Whether the held-out MAE orders the fold's eight predictors as the teacher does, fold by fold.
+    [line] = [x for x in path.read_text().splitlines() if x.startswith("Within a fold, over its 8 predictors")]
+    per_fold = line.split("(per fold ")[1].split(";")[0].split(" / ")
+    assert len(per_fold) == 2 and all(x == "+nan" or -1 <= float(x) <= 1 for x in per_fold)
+
+
+def test_rank_correlation_reads_the_order_alone():
+    rho = probe("unseen_families_probe").rank_correlation
+    x = np.array([3.0, 1.0, 2.0, 5.0])
+    assert rho(x, np.exp(x)) == pytest.approx(1.0) and rho(x, -x ** 3) == pytest.approx(-1.0)
+    # Ties share their mean rank: (1, 2.5, 2.5, 4) against (1, 2, 3, 4).
+    assert rho(np.array([1.0, 2.0, 2.0, 3.0]), np.arange(4.0)) == pytest.approx(np.corrcoef([1, 2.5, 2.5, 4],
+                                                                                             np.arange(4))[0, 1])
+    assert np.isnan(rho(x, np.ones(4)))
 
 
 def test_scaled_fm_scales_every_crossing_up_to_the_horizon(untrained_fm, smoke_bank):

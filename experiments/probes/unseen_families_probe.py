@@ -20,6 +20,10 @@ batches) multiplied by a factor, capped at the horizon: a correction of the low
 bias FM's samples show on families it never saw, chosen here on the folds like
 everything else (1 = the predictor as trained).
 
+Below the table, the rank correlation within each fold of the held-out MAE and
+the teacher's success, over every predictor scored: whether the selection's
+measure orders predictors as the scheduler does.
+
 With `--seeds N` every candidate is scored in N training replicates (its own
 seeds, as in `select_predictor.py`): the table gives their mean and each
 replicate's weighted score, since one training seed alone moves that score
@@ -86,6 +90,21 @@ def heldout_calibration(predictor: FMPredictor, queries: Queries) -> tuple[float
     curve (for sample k, the share of queries whose true demand lies below it)."""
     shares = reliability(crossing_samples(predictor, queries, predictor.cfg.samples), queries.truth)
     return calibration_max_dev(shares), shares
+
+
+def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's ρ of `x` and `y` (ties share their mean rank); nan when either is constant."""
+    def ranks(v: np.ndarray) -> np.ndarray:
+        r = np.empty(len(v))
+        r[np.argsort(v, kind="stable")] = np.arange(len(v))
+        for value in np.unique(v):
+            r[v == value] = r[v == value].mean()
+        return r
+
+    rx, ry = ranks(np.asarray(x, float)), ranks(np.asarray(y, float))
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def heldout_bank(frame: pd.DataFrame, curves: CurveSet, out: Path) -> Path:
@@ -160,6 +179,16 @@ def main(argv: list[str] | None = None) -> Path:
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {grid['calib'].mean():.3f} | "
                      f"{np.mean(on_id[name]):.2f} | {weighted.mean():.2f} | "
                      + " / ".join(f"{w:.2f}" for w in weighted) + " |")
+    # Does the selection's measure order predictors as the teacher does? Within each fold (one set
+    # of episodes), over every predictor scored there (candidates, scales, replicates).
+    pairs = {fold: np.array([(row["mae"], row["teacher"]) for by_fold in rows.values() for row in by_fold[fold]])
+             for fold in folds}
+    rho = np.array([rank_correlation(mae, teacher) for mae, teacher in (pairs[f].T for f in folds)])
+    mean_rho = float(np.mean(rho[~np.isnan(rho)])) if (~np.isnan(rho)).any() else float("nan")
+    lines += ["", f"Within a fold, over its {len(pairs[folds[0]])} predictors: rank correlation (Spearman) of the "
+              f"held-out MAE and the teacher's success, mean over folds {mean_rho:+.2f} (per fold "
+              f"{' / '.join(f'{x:+.2f}' for x in rho)}; nan: a constant column). A measure that ordered the "
+              "predictors as the teacher does would read −1."]
     lines += ["", "Reliability on the held-out curves, mean over folds and replicates (share of queries whose true "
               "demand lies below the k-th smallest of the M samples; calibrated: k/(M+1)):", ""]
     for name, curves_of in shares.items():
