@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> Path:
         for r in range(sel.seeds):
             for j, fold in enumerate(sel.folds):
                 maes[r, j] = heldout_mae(fold_predictor(sel, args.work, name, fold, k, r), queries[fold])
-                print(f"[select] {label(name, k)} seed replicate {r} fold {'+'.join(fold)}: "
+                print(f"[select] {label(name, k)} replicate {r} fold {'+'.join(fold)}: "
                       f"held-out MAE {maes[r, j]:.2f}", flush=True)
         rows.append({"name": label(name, k), "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "window": overrides["interval_window"],
@@ -320,8 +320,8 @@ def main(argv: list[str] | None = None) -> Path:
     choice = choose(rows)
     lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "
              f"the held-out families' train + val curves, the mean over folds and {sel.seeds} training "
-             "replicate(s); per fold: the mean over replicates; per seed: each replicate's mean over folds.", "",
-             "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | per seed | chosen |",
+             "replicate(s); per fold: the mean over replicates; per replicate: each replicate's mean over folds.", "",
+             "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | per replicate | chosen |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['params']:,} | {r['epochs']} | {r['prior']} | {'yes' if r['wide'] else 'no'} | "
               f"{r['mae']:.2f} | {' / '.join(f'{x:.2f}' for x in r['folds'])} | "
