@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.probes import select_predictor
+from experiments.probes import common, select_predictor
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig, MultiNodeEnv
@@ -22,6 +22,7 @@ from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_fm.fm_model import FlowModel
 from mara_fm.predictors import FMPredictor
+from mara_rl.evaluate import pooled_episodes
 from mara_rl.policy import export_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
 
@@ -202,8 +203,9 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
 
     # The same candidates (already trained) drive the teacher and LARA on the held-out families' episodes.
     path = run("unseen_families_probe", smoke_bank, tmp_path, *grid, "--roots", "1", "--episodes-per-root", "1",
-               "--crossing-scales", "1,2")
+               "--crossing-scales", "1,2", "--sampler-seeds", "0,1")
     [table] = tables(path)
+    assert "each at FM's sampler seeds [0, 1]" in path.read_text()
     assert [r[0] for r in table] == [f"{name}{scale}" for name in ("t2", "t2-wide", "t2-mixture", "t2-mixture-wide")
                                      for scale in ("", " x2")]
     mae_by_name = {r[0]: number(r[5]) for r in rows}
@@ -238,6 +240,35 @@ def test_scaled_fm_scales_every_crossing_up_to_the_horizon(untrained_fm, smoke_b
     doubled = unseen.ScaledFM(untrained_fm, 2.0).sorted_crossings(q.hist, q.eps, q.horizon)
     np.testing.assert_allclose(doubled, np.minimum(2 * base, q.horizon[:, None]))
     assert (doubled > base).any() and unseen.scaled(untrained_fm, 1.0) is untrained_fm
+
+
+def test_another_sampler_draw_keeps_the_network(untrained_fm, smoke_bank):
+    """`resampled` changes FM's fixed starting points only: for one network, an ensemble, a scaled one."""
+    unseen = probe("unseen_families_probe")
+    test = select(load_bank(smoke_bank), "id", "test")
+    q = make_queries(test, reference_curves(test, None))
+    torch.manual_seed(1)
+    other = FMPredictor(FlowModel(untrained_fm.cfg).eval(), untrained_fm.cfg, untrained_fm.stats)
+    for predictor in (untrained_fm, select_predictor.ensemble([untrained_fm, other]),
+                      unseen.ScaledFM(untrained_fm, 2.0)):
+        draw = predictor.resampled(untrained_fm.cfg.sampler_seed + 1)
+        assert type(draw) is type(predictor)
+        same = predictor.resampled(untrained_fm.cfg.sampler_seed)
+        crossings = predictor.sorted_crossings(q.hist, q.eps, q.horizon)
+        np.testing.assert_array_equal(same.sorted_crossings(q.hist, q.eps, q.horizon), crossings)
+        assert not np.array_equal(draw.sorted_crossings(q.hist, q.eps, q.horizon), crossings)
+    assert untrained_fm.resampled(5).model is untrained_fm.model
+
+
+def test_success_over_draws_is_the_mean_of_each_draws(untrained_fm, smoke_bank):
+    unseen = probe("unseen_families_probe")
+    cfg = Profile.load("smoke").section(EnvConfig, "env", bank=str(smoke_bank), task_set="id", split="val",
+                                        arrival_prob=0.3)  # contended, so that the draw changes decisions
+    episodes = pooled_episodes(cfg, 2, 4)
+    each = [common.success(cfg, episodes, untrained_fm.resampled(d)) for d in (0, 3)]
+    assert each[0] != each[1]
+    assert unseen.success_over_draws(cfg, episodes, untrained_fm, [0, 3]) == pytest.approx(np.mean(each))
+    assert unseen.success_over_draws(cfg, episodes, untrained_fm, None) == common.success(cfg, episodes, untrained_fm)
 
 
 def test_worlds_probe(smoke_bank, fm_dir, tmp_path):

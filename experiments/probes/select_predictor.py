@@ -139,6 +139,9 @@ class EnsembleFM(FMPredictor):
         return np.sort(np.concatenate([m.sorted_crossings(hist, eps, horizon) for m in self.members], axis=1),
                        axis=1)
 
+    def resampled(self, sampler_seed: int) -> FMPredictor:
+        return EnsembleFM([m.resampled(sampler_seed) for m in self.members])
+
 
 def ensemble(members: list[FMPredictor]) -> FMPredictor:
     return members[0] if len(members) == 1 else EnsembleFM(members)

@@ -20,6 +20,11 @@ batches) multiplied by a factor, capped at the horizon: a correction of the low
 bias FM's samples show on families it never saw, chosen here on the folds like
 everything else (1 = the predictor as trained).
 
+`--sampler-seeds 0,1,2` averages the teacher's and LARA's success over those
+draws of FM's base noise, which move them about as much as the network does;
+the MAE and calibration columns stay at each predictor's own draw, as
+`select_predictor.py` scores it.
+
 Below the table, the rank correlation within each fold of the held-out MAE and
 the teacher's success, over every predictor scored: whether the selection's
 measure orders predictors as the scheduler does.
@@ -61,6 +66,7 @@ from experiments.probes.select_predictor import (
 )
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
+from mara_env.workload import Episode
 from mara_fm.bank import CurveSet, save_bank
 from mara_fm.eval_predictor import Queries, calibration_max_dev, crossing_samples, reliability
 from mara_fm.predictors import FMPredictor
@@ -80,9 +86,21 @@ class ScaledFM(FMPredictor):
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
         return np.minimum(self.base.sorted_crossings(hist, eps, horizon) * self.scale, horizon[:, None])
 
+    def resampled(self, sampler_seed: int) -> FMPredictor:
+        return ScaledFM(self.base.resampled(sampler_seed), self.scale)
+
 
 def scaled(predictor: FMPredictor, scale: float) -> FMPredictor:
     return predictor if scale == 1 else ScaledFM(predictor, scale)
+
+
+def success_over_draws(cfg: EnvConfig, episodes: list[Episode], predictor: FMPredictor, draws: list[int] | None,
+                       planner: str = "lara_optimistic") -> float:
+    """Mean success (%) of `planner` fed by `predictor` at each of FM's sampler seeds `draws`
+    (None: its own draw alone)."""
+    if draws is None:
+        return success(cfg, episodes, predictor, planner)
+    return float(np.mean([success(cfg, episodes, predictor.resampled(d), planner) for d in draws]))
 
 
 def heldout_calibration(predictor: FMPredictor, queries: Queries) -> tuple[float, np.ndarray]:
@@ -120,8 +138,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--crossing-scales", default="1",
                         help="comma-separated factors on FM's sampled crossings, each tried with every candidate")
+    parser.add_argument("--sampler-seeds", default="",
+                        help="FM's base-noise draws (sampler seeds) the teacher and LARA are averaged over, "
+                             "comma-separated (default: each predictor's own draw)")
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
+    draws = [int(x) for x in args.sampler_seeds.split(",") if x.strip()] or None
     scales = [float(x) for x in args.crossing_scales.split(",")]
     if not scales or min(scales) <= 0:
         parser.error("--crossing-scales: positive factors, comma-separated")
@@ -138,7 +160,7 @@ def main(argv: list[str] | None = None) -> Path:
         for scale in scales:
             shown = labels[name, size, scale]
             with torch_threads(1):
-                on_id[shown].append(success(id_val, id_episodes, scaled(full, scale)))
+                on_id[shown].append(success_over_draws(id_val, id_episodes, scaled(full, scale), draws))
             print(f"[unseen] {shown} (replicate {r}) on ID val: teacher {on_id[shown][-1]:.2f}", flush=True)
     # rows[shown][fold]: one row per training replicate
     rows: dict[str, dict[tuple[str, ...], list[dict[str, float]]]] = {shown: {} for shown in labels.values()}
@@ -154,7 +176,8 @@ def main(argv: list[str] | None = None) -> Path:
             for scale in scales:
                 predictor, shown = scaled(trained, scale), labels[name, size, scale]
                 with torch_threads(1):
-                    row = {kind: success(cfg, episodes, predictor, planner) for kind, planner in PLANNERS.items()}
+                    row = {kind: success_over_draws(cfg, episodes, predictor, draws, planner)
+                           for kind, planner in PLANNERS.items()}
                 row["mae"] = heldout_mae(predictor, queries)
                 row["calib"], curve = heldout_calibration(predictor, queries)
                 rows[shown].setdefault(fold, []).append(row)
@@ -164,8 +187,9 @@ def main(argv: list[str] | None = None) -> Path:
     lines = [f"Folds: {'; '.join(', '.join(f) for f in folds)}. Each fold: {args.roots} x {args.episodes_per_root} "
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
              "without those families (last checkpoint). Success %, mean over folds (per fold in brackets) and "
-             f"{sel.seeds} training replicate(s). `ID val`: the teacher on the ID val episodes with the candidate "
-             "trained on all its families. `weighted` per replicate: each training replicate's own.", "",
+             f"{sel.seeds} training replicate(s)" + ("" if draws is None else f", each at FM's sampler seeds {draws}")
+             + ". `ID val`: the teacher on the ID val episodes with the candidate trained on all its families. "
+             "`weighted` per replicate: each training replicate's own.", "",
              "| candidate | teacher, unseen | LARA, unseen | held-out MAE | calib. dev | teacher, ID val | weighted "
              "| weighted per replicate |",
              "|---|---|---|---|---|---|---|---|"]

@@ -74,6 +74,12 @@ class FMPredictor(Predictor):
         self.cfg = dataclasses.replace(self.cfg, samples=samples, euler_steps=steps)
         self._z0 = sobol_normals(samples, self.cfg.n_boundaries, self.cfg.sampler_seed)
 
+    def resampled(self, sampler_seed: int) -> FMPredictor:
+        """The same network with another fixed draw of its M starting points: the draw moves
+        what an allocator does about as much as the network does (docs/decisions.md, "Near
+        predictors are ordered…"), so comparisons of predictors may average over draws."""
+        return FMPredictor(self.model, dataclasses.replace(self.cfg, sampler_seed=sampler_seed), self.stats)
+
     def encode(self, hist: HistoryBatch, horizon: np.ndarray) -> tuple[torch.Tensor, ...]:
         """Standardised model inputs (points, counts, static) for prefixes and horizons (batches)."""
         cfg, stats = self.cfg, self.stats
