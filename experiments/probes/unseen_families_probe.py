@@ -194,13 +194,12 @@ def main(argv: list[str] | None = None) -> Path:
              "| weighted per replicate |",
              "|---|---|---|---|---|---|---|---|"]
     for name, by_fold in rows.items():
-        # [replicate, fold] arrays of each measure
-        grid = {k: np.array([[reps[r][k] for reps in by_fold.values()] for r in replicates])
-                for k in ("teacher", "LARA", "mae", "calib")}
-        cells = [f"{grid[k].mean():.2f} ({' / '.join(f'{x:.1f}' for x in grid[k].mean(axis=0))})"
+        measure = {k: np.array([[reps[r][k] for reps in by_fold.values()] for r in replicates])
+                   for k in ("teacher", "LARA", "mae", "calib")}  # each a [replicate, fold] array
+        cells = [f"{measure[k].mean():.2f} ({' / '.join(f'{x:.1f}' for x in measure[k].mean(axis=0))})"
                  for k in ("teacher", "LARA", "mae")]
-        weighted = (np.array(on_id[name]) + 2 * grid["teacher"].mean(axis=1)) / 3
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {grid['calib'].mean():.3f} | "
+        weighted = (np.array(on_id[name]) + 2 * measure["teacher"].mean(axis=1)) / 3
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {measure['calib'].mean():.3f} | "
                      f"{np.mean(on_id[name]):.2f} | {weighted.mean():.2f} | "
                      + " / ".join(f"{w:.2f}" for w in weighted) + " |")
     # Does the selection's measure order predictors as the teacher does? Within each fold (one set
