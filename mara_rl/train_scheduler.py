@@ -287,9 +287,10 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
         tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir, **tags}
         # A resume continues the run's MLflow run in the store that holds it (`mlflow_run`).
         with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
-            if not state:
+            if run.info.run_id != state.get("mlflow_run_id"):  # a new run (under another store too)
                 mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
                                    **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
+            if not state:
                 if cfg.imitation_episodes > 0:
                     # The warm-started policy is itself a candidate for export (iteration 0):
                     # PPO's first iterations can undo part of what imitation taught.

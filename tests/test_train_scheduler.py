@@ -126,6 +126,8 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     policy = train(dataclasses.replace(cfg, iterations=4), env_cfg, out)
     (moved,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
     assert moved.info.run_id != run.info.run_id and moved.data.tags["resumed_from_run"] == run.info.run_id
+    # The new run carries the settings too, as they are now (the store it came from keeps the first).
+    assert moved.data.params["scheduler.iterations"] == "4" and moved.data.params["env.n_nodes"] == str(env_cfg.n_nodes)
     assert [m.step for m in mlflow.MlflowClient(other).get_metric_history(moved.info.run_id, "policy_loss")] == [4]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
 
