@@ -80,11 +80,11 @@ from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
 from mara_fm.build_bank import ensure_wide_bank
 from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
-from mara_fm.fm_data import FMDataModule, split_curves
-from mara_fm.fm_lightning import FMLightning
+from mara_fm.fm_data import split_curves
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors import FMPredictor
 from mara_fm.predictors.base import HistoryBatch
+from mara_fm.targets import Stats
 from mara_fm.train_predictor import train_predictor
 from mara_fm.wide_families import WIDE_FAMILIES
 
@@ -169,15 +169,14 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
                               r["window"]))
 
 
-def last_checkpoint(bank: Path, wide_bank: Path, folder: Path, cfg: PredictorConfig) -> FMPredictor:
+def last_checkpoint(folder: Path, cfg: PredictorConfig, stats: Stats) -> FMPredictor:
     """The predictor of the last epoch trained in `folder` (not the export, whose checkpoint and
-    sampling were chosen on its own val curves: the held-out ones, for a wide candidate)."""
-    data = FMDataModule(cfg, bank, wide_bank_path=wide_bank)
-    data.setup()
-    module = FMLightning(cfg, data.stats)
+    sampling were chosen on its own val curves: the held-out ones, for a wide candidate), with
+    the run's normalisation `stats` (the export carries them)."""
+    model = FlowModel(cfg)
     state = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
-    module.load_state_dict(state)
-    return FMPredictor(module.model.eval(), cfg, data.stats)
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    return FMPredictor(model.eval(), cfg, stats)
 
 
 def heldout_curves(frame: pd.DataFrame, fold: tuple[str, ...]) -> CurveSet:
@@ -287,9 +286,9 @@ def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...],
     for run, overrides in member_runs(sel, name, members, replicate):
         folder, held = fold_run(work, run, overrides, fold)
         cfg = sel.profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
-        train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held,
-                        sample_choices=(cfg.samples,), step_choices=(cfg.euler_steps,), **overrides)
-        trained.append(last_checkpoint(sel.bank, sel.wide_bank, folder, cfg))
+        result = train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held,
+                                 sample_choices=(cfg.samples,), step_choices=(cfg.euler_steps,), **overrides)
+        trained.append(last_checkpoint(folder, cfg, FMPredictor.load(result.predictor_path).stats))
     return ensemble(trained)
 
 
