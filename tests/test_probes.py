@@ -161,7 +161,7 @@ def test_ensemble_pools_its_members_samples(untrained_fm, smoke_bank):
     samples = pooled.sorted_crossings(q.hist, q.eps, q.horizon)
     parts = [m.sorted_crossings(q.hist, q.eps, q.horizon) for m in (untrained_fm, other)]
     np.testing.assert_array_equal(samples, np.sort(np.concatenate(parts, axis=1), axis=1))
-    assert pooled.cfg.samples == samples.shape[1] == 2 * untrained_fm.cfg.samples
+    assert pooled.samples == samples.shape[1] == 2 * untrained_fm.samples
     assert not np.array_equal(parts[0], parts[1])
     # Median and optimistic order statistic are read from the pooled samples.
     band = pooled.remaining_batches(q.hist, q.eps, q.horizon, optimistic=0.15)

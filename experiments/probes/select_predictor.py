@@ -65,7 +65,6 @@ Writes experiments/probes/results/select_predictor.md, or into --out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +81,7 @@ from mara_fm.build_bank import ensure_wide_bank
 from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
 from mara_fm.fm_data import split_curves
 from mara_fm.fm_model import FlowModel, PredictorConfig
-from mara_fm.predictors import FMPredictor
+from mara_fm.predictors import FMPredictor, SampledPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_fm.targets import Stats
 from mara_fm.train_predictor import train_predictor
@@ -123,27 +122,28 @@ def parameters(profile: Profile, overrides: dict[str, Any]) -> int:
     return sum(p.numel() for p in FlowModel(profile.section(PredictorConfig, "predictor", **overrides)).parameters())
 
 
-class EnsembleFM(FMPredictor):
+class EnsembleFM(SampledPredictor):
     """FM networks trained alike but for their seed, their sampled crossings pooled and sorted: a
     deep ensemble (Lakshminarayanan et al., NeurIPS 2017), whose spread also carries where the
     members disagree, as they may on families none of them saw. Median and order statistic are
     read from the pooled samples (M = the members' sum)."""
 
-    def __init__(self, members: list[FMPredictor]) -> None:
-        first = members[0]
-        super().__init__(first.model, dataclasses.replace(first.cfg, samples=sum(m.cfg.samples for m in members)),
-                         first.stats)
+    def __init__(self, members: list[SampledPredictor]) -> None:
         self.members = members
+
+    @property
+    def samples(self) -> int:
+        return sum(m.samples for m in self.members)
 
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
         return np.sort(np.concatenate([m.sorted_crossings(hist, eps, horizon) for m in self.members], axis=1),
                        axis=1)
 
-    def resampled(self, sampler_seed: int) -> FMPredictor:
+    def resampled(self, sampler_seed: int) -> EnsembleFM:
         return EnsembleFM([m.resampled(sampler_seed) for m in self.members])
 
 
-def ensemble(members: list[FMPredictor]) -> FMPredictor:
+def ensemble(members: list[FMPredictor]) -> SampledPredictor:
     return members[0] if len(members) == 1 else EnsembleFM(members)
 
 
@@ -189,7 +189,7 @@ def heldout_queries(curves: CurveSet) -> Queries:
     return make_queries(curves, reference_curves(curves, None))
 
 
-def heldout_mae(predictor: FMPredictor, queries: Queries) -> float:
+def heldout_mae(predictor: SampledPredictor, queries: Queries) -> float:
     """Capped MAE on held-out `queries`."""
     return score(predictor.remaining_batches(queries.hist, queries.eps, queries.horizon), queries)["capped_mae"]
 
@@ -279,7 +279,7 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
 
 
 def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1,
-                   replicate: int = 0) -> FMPredictor:
+                   replicate: int = 0) -> SampledPredictor:
     """Candidate `name` (an ensemble of `members`, training replicate `replicate`) trained without
     the fold's families (resumed if trained), as its last checkpoint."""
     trained = []
@@ -292,7 +292,7 @@ def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...],
     return ensemble(trained)
 
 
-def full_predictor(sel: Selection, work: Path, name: str, members: int = 1, replicate: int = 0) -> FMPredictor:
+def full_predictor(sel: Selection, work: Path, name: str, members: int = 1, replicate: int = 0) -> SampledPredictor:
     """Candidate `name` (an ensemble of `members`, training replicate `replicate`) trained on every
     family it may use and exported as `train-predictor` exports it (resumed if trained)."""
     return ensemble([FMPredictor.load(train_predictor(sel.profile, sel.bank, work / run, verbose=False,

@@ -69,32 +69,35 @@ from mara_env.env import EnvConfig
 from mara_env.workload import Episode
 from mara_fm.bank import CurveSet, save_bank
 from mara_fm.eval_predictor import Queries, calibration_max_dev, crossing_samples, reliability
-from mara_fm.predictors import FMPredictor
+from mara_fm.predictors import SampledPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_rl.evaluate import pooled_episodes
 
 PLANNERS = {"teacher": "lara_optimistic", "LARA": "lara"}
 
 
-class ScaledFM(FMPredictor):
+class ScaledFM(SampledPredictor):
     """FM (or an ensemble of FM) with every sampled crossing multiplied by `scale` (capped at the horizon)."""
 
-    def __init__(self, base: FMPredictor, scale: float) -> None:
-        super().__init__(base.model, base.cfg, base.stats)
+    def __init__(self, base: SampledPredictor, scale: float) -> None:
         self.base, self.scale = base, scale
+
+    @property
+    def samples(self) -> int:
+        return self.base.samples
 
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
         return np.minimum(self.base.sorted_crossings(hist, eps, horizon) * self.scale, horizon[:, None])
 
-    def resampled(self, sampler_seed: int) -> FMPredictor:
+    def resampled(self, sampler_seed: int) -> ScaledFM:
         return ScaledFM(self.base.resampled(sampler_seed), self.scale)
 
 
-def scaled(predictor: FMPredictor, scale: float) -> FMPredictor:
+def scaled(predictor: SampledPredictor, scale: float) -> SampledPredictor:
     return predictor if scale == 1 else ScaledFM(predictor, scale)
 
 
-def success_over_draws(cfg: EnvConfig, episodes: list[Episode], predictor: FMPredictor, draws: list[int] | None,
+def success_over_draws(cfg: EnvConfig, episodes: list[Episode], predictor: SampledPredictor, draws: list[int] | None,
                        planner: str = "lara_optimistic") -> float:
     """Mean success (%) of `planner` fed by `predictor` at each of FM's sampler seeds `draws`
     (None: its own draw alone)."""
@@ -103,10 +106,10 @@ def success_over_draws(cfg: EnvConfig, episodes: list[Episode], predictor: FMPre
     return float(np.mean([success(cfg, episodes, predictor.resampled(d), planner) for d in draws]))
 
 
-def heldout_calibration(predictor: FMPredictor, queries: Queries) -> tuple[float, np.ndarray]:
+def heldout_calibration(predictor: SampledPredictor, queries: Queries) -> tuple[float, np.ndarray]:
     """On held-out `queries`: the largest |share − k/(M+1)| of the reliability curve, and the
     curve (for sample k, the share of queries whose true demand lies below it)."""
-    shares = reliability(crossing_samples(predictor, queries, predictor.cfg.samples), queries.truth)
+    shares = reliability(crossing_samples(predictor, queries, predictor.samples), queries.truth)
     return calibration_max_dev(shares), shares
 
 

@@ -61,7 +61,7 @@ class SampleKeepingFM(FMPredictor):
 
     def __init__(self, fm: FMPredictor) -> None:
         super().__init__(fm.model, fm.cfg, fm.stats)
-        self.samples: dict[tuple[int, int], np.ndarray] = {}
+        self.kept_crossings: dict[tuple[int, int], np.ndarray] = {}
 
     def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray, eps: np.ndarray,
                          horizon: np.ndarray, optimistic: float | None = None) -> np.ndarray:
@@ -71,7 +71,7 @@ class SampleKeepingFM(FMPredictor):
         crossings = np.where(crossings >= horizon[:, None], np.inf, crossings)
         crossings[hist.current <= eps] = 0.0
         for r, n, c in zip(rows.tolist(), lengths.tolist(), crossings, strict=True):
-            self.samples[(r, n)] = c
+            self.kept_crossings[(r, n)] = c
         return out
 
 
@@ -106,7 +106,7 @@ def worlds_decide(fm: SampleKeepingFM, worlds: int, vote: str, seed: int = 0) ->
             score = np.zeros(len(view.present))
             if rest:
                 tasks = env.slot_task[rest]
-                samples = np.stack([fm.samples[(int(env.task_rows[k]), int(env.n_obs[k]))] for k in tasks])
+                samples = np.stack([fm.kept_crossings[(int(env.task_rows[k]), int(env.n_obs[k]))] for k in tasks])
                 rng = np.random.default_rng([seed, env.t, int(tasks.sum())])
                 pick = rng.integers(0, samples.shape[1], (worlds, len(rest)))
                 free = view.n_nodes - len(warm)

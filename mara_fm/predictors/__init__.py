@@ -7,14 +7,14 @@ from pathlib import Path
 
 from mara_fm.bank import bank_digest
 from mara_fm.predictors.base import WARMUP_POINTS, HistoryBatch, Predictor
-from mara_fm.predictors.fm import CONFIG_FILE, WEIGHTS_FILE, FMPredictor
+from mara_fm.predictors.fm import CONFIG_FILE, WEIGHTS_FILE, FMPredictor, SampledPredictor
 from mara_fm.predictors.history import HistoryPredictor
 from mara_fm.predictors.oracle import OraclePredictor, first_crossing
 from mara_fm.predictors.wls import WLSPredictor
 
 __all__ = [
-    "WARMUP_POINTS", "FMPredictor", "HistoryBatch", "HistoryPredictor", "Predictor", "OraclePredictor", "WLSPredictor",
-    "first_crossing", "make_predictor", "predictor_digest",
+    "WARMUP_POINTS", "FMPredictor", "HistoryBatch", "HistoryPredictor", "Predictor", "OraclePredictor",
+    "SampledPredictor", "WLSPredictor", "first_crossing", "make_predictor", "predictor_digest",
 ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from abc import abstractmethod
 from pathlib import Path
 
 import numpy as np
@@ -54,11 +55,42 @@ def _median(ordered: np.ndarray) -> np.ndarray:
     return 0.5 * (ordered[:, (m - 1) // 2] + ordered[:, m // 2])
 
 
-class FMPredictor(Predictor):
-    """Samples M future loss paths per prefix and reports their median crossing (and, for
-    an optimistic band, a low order statistic of the crossings too)."""
+class SampledPredictor(Predictor):
+    """A predictor that draws M crossings per task and reports their median (and, for an
+    optimistic band, a low order statistic): FM, and combinations of FM networks such as
+    the probes' ensembles."""
 
     name = "fm"
+
+    @property
+    @abstractmethod
+    def samples(self) -> int:
+        """M, the crossings drawn per task."""
+
+    @abstractmethod
+    def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        """(B, M) the M sampled paths' remaining batches to `eps`, ascending."""
+
+    @abstractmethod
+    def resampled(self, sampler_seed: int) -> SampledPredictor:
+        """The same networks with another fixed draw of their starting points: the draw moves
+        what an allocator does about as much as the network does (docs/decisions.md, "Near
+        predictors are ordered…"), so comparisons of predictors may average over draws."""
+
+    def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        return _median(self.sorted_crossings(hist, eps, horizon))
+
+    def _predict_band(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
+                      quantile: float) -> np.ndarray:
+        """The median and the order statistic round(q·(M−1)) of the M crossings
+        (q = 0.15: the 2nd smallest of 8, the 3rd of 16)."""
+        ordered = self.sorted_crossings(hist, eps, horizon)
+        low = ordered[:, round(quantile * (ordered.shape[1] - 1))]
+        return np.stack([_median(ordered), low], axis=1)
+
+
+class FMPredictor(SampledPredictor):
+    """Samples M future loss paths per prefix from the flow-matching network."""
 
     def __init__(self, model: FlowModel, cfg: PredictorConfig, stats: Stats) -> None:
         """With `cfg.inference = "numpy"` the network runs on a copy of `model`'s weights
@@ -74,10 +106,11 @@ class FMPredictor(Predictor):
         self.cfg = dataclasses.replace(self.cfg, samples=samples, euler_steps=steps)
         self._z0 = sobol_normals(samples, self.cfg.n_boundaries, self.cfg.sampler_seed)
 
+    @property
+    def samples(self) -> int:
+        return self.cfg.samples
+
     def resampled(self, sampler_seed: int) -> FMPredictor:
-        """The same network with another fixed draw of its M starting points: the draw moves
-        what an allocator does about as much as the network does (docs/decisions.md, "Near
-        predictors are ordered…"), so comparisons of predictors may average over draws."""
         return FMPredictor(self.model, dataclasses.replace(self.cfg, sampler_seed=sampler_seed), self.stats)
 
     def encode(self, hist: HistoryBatch, horizon: np.ndarray) -> tuple[torch.Tensor, ...]:
@@ -111,20 +144,8 @@ class FMPredictor(Predictor):
         return boundaries(start, h, self.cfg.n_boundaries), paths
 
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
-        """(B, M) the M sampled paths' remaining batches to `eps`, ascending."""
         _, paths = self.forecast(hist, horizon)
         return np.sort(crossing_batches(paths, eps, horizon), axis=1)
-
-    def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
-        return _median(self.sorted_crossings(hist, eps, horizon))
-
-    def _predict_band(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray,
-                      quantile: float) -> np.ndarray:
-        """The median and the order statistic round(q·(M−1)) of the M crossings
-        (q = 0.15: the 2nd smallest of 8, the 3rd of 16)."""
-        ordered = self.sorted_crossings(hist, eps, horizon)
-        low = ordered[:, round(quantile * (ordered.shape[1] - 1))]
-        return np.stack([_median(ordered), low], axis=1)
 
     def export(self, path: str | Path) -> Path:
         """Write `config.json` and `weights.pt` into folder `path`."""
