@@ -124,6 +124,28 @@ def test_history_probe(smoke_bank, fm_dir, tmp_path):
     assert "Best on validation: k = " in path.read_text()
 
 
+def test_persistence_probe(smoke_bank, fm_dir, tmp_path):
+    path = run("persistence_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--back", "0.5", "--ahead", "20")
+    [rows] = tables(path)
+    *ranks, total = rows
+    assert total[0] == "all" and int(total[1]) == sum(int(r[1]) for r in ranks) > 0
+    assert len({r[0] for r in ranks}) == len(ranks)
+    for row in rows:
+        assert number(row[2]) >= 0 and number(row[3]) >= 0
+        assert all(math.isnan(number(c)) or -1 <= number(c) <= 1 for c in row[4:])
+
+
+def test_a_forecast_starts_at_the_observed_loss(untrained_fm, smoke_bank):
+    """The probe's interpolation of FM's paths reads L_cur at the prefix's own length."""
+    persistence = probe("persistence_probe")
+    test = select(load_bank(smoke_bank), "id", "test")
+    q = make_queries(test, reference_curves(test, None))
+    at_start = persistence.median_log_level(untrained_fm, q.hist, q.horizon, q.hist.lengths)
+    np.testing.assert_allclose(at_start, np.log(q.hist.current), rtol=0, atol=1e-9)
+    later = persistence.median_log_level(untrained_fm, q.hist, q.horizon, q.hist.lengths + 5)
+    assert not np.allclose(later, at_start)
+
+
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
                "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval", "--members", "1,2",
