@@ -3,6 +3,8 @@ and writes a table whose figures lie in range."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -146,6 +148,26 @@ def test_a_forecast_starts_at_the_observed_loss(untrained_fm, smoke_bank):
     assert not np.allclose(later, at_start)
 
 
+def test_quantile_probe(smoke_bank, fm_dir, tmp_path, untrained_fm):
+    m = untrained_fm.samples
+    same = 0.5 / (m - 1)  # round(q·(M − 1)) = 0 here as at q = 0: the same estimate
+    path = run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--roots", "1",
+               "--episodes-per-root", "2", "--quantiles", f"0,{same / 2:g},0.5", "--reference", "0",
+               "--sampler-seeds", "0,1", "--rules", "lara_optimistic")
+    assert path.name == "quantile_probe_smoke.md"
+    [rows] = tables(path)
+    assert [(r[0], r[2]) for r in rows] == [("lara_optimistic", "0"), ("lara_optimistic", "0"),
+                                            ("lara_optimistic", str(round(0.5 * (m - 1))))]
+    reference, twin, median = rows
+    assert reference[5] == "—" and twin[5] == "+0.00 [+0.00, +0.00]"
+    for row in rows:
+        draws = [percent(x) for x in row[4].split(" / ")]
+        assert len(draws) == 2 and percent(row[3]) == pytest.approx(np.mean(draws), abs=0.01)
+    path = run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--roots", "1", "--stress",
+               "--quantiles", "0,0.15", "--hold", "10")
+    assert path.name == "quantile_probe_smoke_stress_hold10.md" and len(tables(path)[0]) == 4
+
+
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     path = run("select_predictor", smoke_bank, tmp_path, "--work", str(tmp_path / "work"),
                "--networks", "tiny", "--epochs", "1", "--inputs", "level,interval", "--members", "1,2",
@@ -172,6 +194,17 @@ def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     # The second replicate of the two-member ensemble is the next two seeds.
     assert {p.name for p in work.iterdir() if p.name.startswith("t1-seed")} == {
         f"t1-seed{k}-mlp_diabetes+logreg_cancer" for k in (1, 2, 3)}
+    # --sampling scores the same trained fold networks with M crossings and S Euler steps.
+    parser = argparse.ArgumentParser()
+    common.add_common_flags(parser)
+    select_predictor.add_grid_flags(parser)
+    _, sel = select_predictor.parse_selection(parser, [*SMOKE, "--bank", str(smoke_bank), "--work", str(work),
+                                                       "--networks", "tiny", "--epochs", "1", "--sampling", "4,1"])
+    resampled = select_predictor.fold_predictor(sel, work, "t1", sel.folds[0])
+    as_trained = select_predictor.fold_predictor(dataclasses.replace(sel, sampling=None), work, "t1", sel.folds[0])
+    assert (resampled.samples, resampled.cfg.euler_steps) == (4, 1) and as_trained.samples != 4
+    assert all(torch.equal(a, b) for a, b in zip(resampled.model.state_dict().values(),
+                                                 as_trained.model.state_dict().values(), strict=True))
 
 
 def test_ensemble_pools_its_members_samples(untrained_fm, smoke_bank):
@@ -205,7 +238,7 @@ def test_selection_grid_names_every_dimension():
 def test_selection_over_priors_and_wide_families_then_their_scheduler_consequence(smoke_bank, smoke_wide_bank,
                                                                                   mlflow_store, tmp_path):
     grid = ["--work", str(tmp_path / "work"), "--networks", "tiny", "--epochs", "2", "--priors", "off,mixture",
-            "--data", "id,wide", "--folds", "mlp_wine+gcn_blocks,cnn_digits+mf_ratings+tfm_charlm"]
+            "--data", "id,wide", "--folds", "mlp_wine+gcn_blocks,cnn_digits+mf_ratings+tfm_charlm", "--sampling", "4,1"]
     path = run("select_predictor", smoke_bank, tmp_path, *grid)
     [rows] = tables(path)
     assert [r[0] for r in rows] == ["t2", "t2-wide", "t2-mixture", "t2-mixture-wide"]
@@ -227,7 +260,7 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
     path = run("unseen_families_probe", smoke_bank, tmp_path, *grid, "--roots", "1", "--episodes-per-root", "1",
                "--crossing-scales", "1,2", "--sampler-seeds", "0,1")
     [table] = tables(path)
-    assert "each at FM's sampler seeds [0, 1]" in path.read_text()
+    assert "each at FM's sampler seeds [0, 1]; fold predictors draw 4 crossings with 1 Euler steps" in path.read_text()
     assert [r[0] for r in table] == [f"{name}{scale}" for name in ("t2", "t2-wide", "t2-mixture", "t2-mixture-wide")
                                      for scale in ("", " x2")]
     mae_by_name = {r[0]: number(r[5]) for r in rows}

@@ -65,6 +65,7 @@ Writes experiments/probes/results/select_predictor.md, or into --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +219,9 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
                         help="synthetic prior sizes tried, comma-separated (default: the profile's)")
     parser.add_argument("--members", default="1",
                         help="ensemble sizes tried, comma-separated (K networks with consecutive seeds, pooled)")
+    parser.add_argument("--sampling", default="",
+                        help="M,S: the fold predictors draw M crossings with S Euler steps (default: the training "
+                             "config's; an export chooses its own on ID val, e.g. 16,2 for today's)")
     parser.add_argument("--seeds", type=int, default=1,
                         help="training replicates per candidate, each with its own seeds; the rule reads their mean")
     parser.add_argument("--folds", default="+".join(HELDOUT),
@@ -236,6 +240,7 @@ class Selection:
     folds: list[tuple[str, ...]]
     members: tuple[int, ...] = (1,)
     seeds: int = 1
+    sampling: tuple[int, int] | None = None  # (M, Euler steps) of the fold predictors; None: their config's
 
     @property
     def trained_as(self) -> list[tuple[str, int]]:
@@ -272,23 +277,28 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
         parser.error("--members: ensemble sizes of at least 1, comma-separated")
     if args.seeds < 1:
         parser.error("--seeds: at least 1 training replicate per candidate")
+    sampling = tuple(int(x) for x in items(args.sampling)) or None
+    if sampling is not None and (len(sampling) != 2 or min(sampling) < 1):
+        parser.error("--sampling: M,S, two positive integers (samples, Euler steps)")
     grid = candidates(networks, [int(n) for n in items(args.epochs)], priors, tuple(data), tuple(inputs), sizes)
     profile = Profile.load(args.profile)
     return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
-                           [tuple(f.split("+")) for f in items(args.folds)], members, args.seeds)
+                           [tuple(f.split("+")) for f in items(args.folds)], members, args.seeds, sampling)
 
 
 def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1,
                    replicate: int = 0) -> SampledPredictor:
     """Candidate `name` (an ensemble of `members`, training replicate `replicate`) trained without
-    the fold's families (resumed if trained), as its last checkpoint."""
+    the fold's families (resumed if trained), as its last checkpoint, sampled as `sel.sampling` says."""
     trained = []
     for run, overrides in member_runs(sel, name, members, replicate):
         folder, held = fold_run(work, run, overrides, fold)
         cfg = sel.profile.section(PredictorConfig, "predictor", heldout_families=held, **overrides)
         result = train_predictor(sel.profile, sel.bank, folder, verbose=False, heldout_families=held,
                                  sample_choices=(cfg.samples,), step_choices=(cfg.euler_steps,), **overrides)
-        trained.append(last_checkpoint(folder, cfg, FMPredictor.load(result.predictor_path).stats))
+        scored = cfg if sel.sampling is None else dataclasses.replace(cfg, samples=sel.sampling[0],
+                                                                      euler_steps=sel.sampling[1])
+        trained.append(last_checkpoint(folder, scored, FMPredictor.load(result.predictor_path).stats))
     return ensemble(trained)
 
 

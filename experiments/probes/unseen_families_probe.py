@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> Path:
              "episodes from the held-out families' train + val curves at the profile's load; predictors trained "
              "without those families (last checkpoint). Success %, mean over folds (per fold in brackets) and "
              f"{sel.seeds} training replicate(s)" + ("" if draws is None else f", each at FM's sampler seeds {draws}")
+             + ("" if sel.sampling is None else
+                f"; fold predictors draw {sel.sampling[0]} crossings with {sel.sampling[1]} Euler steps")
              + ". `ID val`: the teacher on the ID val episodes with the candidate trained on all its families. "
              "`weighted` per replicate: each training replicate's own.", "",
              "| candidate | teacher, unseen | LARA, unseen | held-out MAE | calib. dev | teacher, ID val | weighted "

@@ -1,0 +1,112 @@
+"""Probe: which of FM's sorted crossings should the rules read as the optimistic estimate?
+
+The teacher (`lara_optimistic`) and `llf` plan on the order statistic round(q·(M − 1)) of
+FM's M sampled crossings (`EnvConfig.optimistic_quantile`, docs/decisions.md,
+"Optimistic estimate"). The best q depends on how FM's spread is calibrated, so it is
+measured again whenever the predictor changes. Each rule replays frozen ID val episodes
+at every q, at each of FM's sampler seeds (its fixed base-noise draw moves a rule about as
+much as q does), and the table gives the mean over draws with the paired difference
+against `--reference`: a hierarchical bootstrap over draws and episodes.
+
+`--load` replays the episodes at another arrival probability, `--stress` the stress
+scenario built from ID val curves instead, `--hold H` the rules deciding at events, and
+`--profile cluster` the cluster. Validation curves only. Run from the project root:
+
+    python -m experiments.probes.quantile_probe --quantiles 0,0.07,0.15,0.2 --sampler-seeds 0,1,2
+
+Writes experiments/probes/results/quantile_probe[_<profile>][_<variant>].md, or into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from experiments.probes.common import add_common_flags, add_replay_flags, save_table
+from mara_common.profile import Profile
+from mara_common.threads import torch_threads
+from mara_env.env import EnvConfig, load_curves
+from mara_env.vector import replay_in_lockstep
+from mara_env.workload import stress_episode
+from mara_fm.predictors import FMPredictor
+from mara_rl.evaluate import pooled_episodes
+from mara_rl.methods import classic
+from mara_rl.stats import hierarchical_bootstrap
+
+RULES = ("lara_optimistic", "llf")
+
+
+def items(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_flags(parser)
+    add_replay_flags(parser)
+    parser.add_argument("--quantiles", default="0,0.07,0.15,0.2", help="optimistic quantiles q, comma-separated")
+    parser.add_argument("--reference", type=float, default=0.15, help="the q the others are paired against")
+    parser.add_argument("--sampler-seeds", default="0", help="FM's base-noise draws, comma-separated")
+    parser.add_argument("--rules", default=",".join(RULES), help="rules reading the estimate, comma-separated")
+    parser.add_argument("--load", type=float, help="arrival probability (default: the profile's)")
+    parser.add_argument("--hold", type=int, help="the rules decide at events, holding up to H steps")
+    parser.add_argument("--stress", action="store_true",
+                        help="the stress scenario from ID val curves, one episode per root")
+    args = parser.parse_args(argv)
+    quantiles = [float(q) for q in items(args.quantiles)]
+    draws = [int(d) for d in items(args.sampler_seeds)]
+    rules = items(args.rules)
+    if args.reference not in quantiles or not draws or not set(rules) <= set(RULES):
+        parser.error(f"--quantiles must hold --reference, --sampler-seeds at least one seed, --rules of {RULES}")
+
+    profile = Profile.load(args.profile)
+    base = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), task_set="id", split="val")
+    base = dataclasses.replace(base, arrival_prob=args.load if args.load is not None else base.arrival_prob,
+                               decision_interval=args.hold)
+    if args.stress:
+        curves = load_curves(base.bank, "id", "val")
+        episodes = [stress_episode(curves, base.horizon, seed=root) for root in range(args.roots)]
+    else:
+        episodes = pooled_episodes(base, args.roots, args.episodes_per_root)
+    fm = FMPredictor.load(args.fm or profile.paths.predictor)
+    # per[rule][q]: draws × episodes success rates (%)
+    per: dict[str, dict[float, np.ndarray]] = {rule: {} for rule in rules}
+    with torch_threads(1):
+        for rule in rules:
+            for q in quantiles:
+                rows = []
+                for draw in draws:
+                    cfg = dataclasses.replace(base, optimistic_quantile=q, predictor=fm.resampled(draw))
+                    rows.append([100 * o["success_rate"] for o in replay_in_lockstep(cfg, episodes, classic(rule)())])
+                per[rule][q] = np.array(rows)
+                print(f"[quantile] {rule} q = {q:g}: " + " / ".join(f"{r:.2f}" for r in per[rule][q].mean(axis=1)),
+                      flush=True)
+
+    scope = ("stress episodes" if args.stress else f"ID val episodes at p = {base.arrival_prob}") + (
+        f", decisions held up to {args.hold} steps" if args.hold else "")
+    lines = [f"# The rules' optimistic order statistic (profile {profile.name}, M = {fm.samples})", "",
+             f"{len(episodes)} {scope}, FM's sampler seeds {draws}. Success %, mean over draws (per draw), and "
+             f"the paired difference against q = {args.reference:g} (95% hierarchical bootstrap over draws and "
+             "episodes). Order statistic: round(q·(M − 1)), 0 the smallest.", "",
+             "| rule | q | order statistic | success | per draw | vs reference |", "|---|---|---|---|---|---|"]
+    for rule in rules:
+        for q in quantiles:
+            rates = per[rule][q]
+            if q == args.reference:
+                versus = "—"
+            else:
+                diff = hierarchical_bootstrap(rates - per[rule][args.reference])
+                versus = f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
+            lines.append(f"| {rule} | {q:g} | {round(q * (fm.samples - 1))} | {rates.mean():.2f} | "
+                         + " / ".join(f"{r:.2f}" for r in rates.mean(axis=1)) + f" | {versus} |")
+    variant = "_stress" if args.stress else (f"_p{base.arrival_prob:g}" if args.load is not None else "")
+    variant += f"_hold{args.hold}" if args.hold else ""
+    name = "quantile_probe" + ("" if profile.name == "default" else f"_{profile.name}") + variant + ".md"
+    return save_table(lines, args.out, name)
+
+
+if __name__ == "__main__":
+    main()
