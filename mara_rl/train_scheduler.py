@@ -290,16 +290,15 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
             if run.info.run_id != state.get("mlflow_run_id"):  # a new run (under another store too)
                 mlflow.log_params({**{f"scheduler.{k}": v for k, v in asdict(cfg).items()},
                                    **{f"env.{k}": v for k, v in asdict(env_cfg).items()}})
-            if not state:
-                if cfg.imitation_episodes > 0:
-                    # The warm-started policy is itself a candidate for export (iteration 0):
-                    # PPO's first iterations can undo part of what imitation taught.
-                    warm = warm_start(algo, evaluator, cfg, env_cfg, out_dir)
-                    if cfg.eval_every > 0:
-                        warm.update(validate(0))
-                    commit(0, 0.0, run.info.run_id)
-                    mlflow.log_metrics(warm, step=0)
-                    print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
+            if not state and cfg.imitation_episodes > 0:
+                # The warm-started policy is itself a candidate for export (iteration 0):
+                # PPO's first iterations can undo part of what imitation taught.
+                warm = warm_start(algo, evaluator, cfg, env_cfg, out_dir)
+                if cfg.eval_every > 0:
+                    warm.update(validate(0))
+                commit(0, 0.0, run.info.run_id)
+                mlflow.log_metrics(warm, step=0)
+                print("imitation: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(warm.items())), flush=True)
             steps_before = float(state.get("env_steps", 0))
             while algo.iteration < cfg.iterations:
                 start = time.perf_counter()
