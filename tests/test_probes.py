@@ -241,6 +241,7 @@ def test_selection_over_priors_and_wide_families_then_their_scheduler_consequenc
             "--data", "id,wide", "--folds", "mlp_wine+gcn_blocks,cnn_digits+mf_ratings+tfm_charlm", "--sampling", "4,1"]
     path = run("select_predictor", smoke_bank, tmp_path, *grid)
     [rows] = tables(path)
+    assert "; fold predictors draw 4 crossings with 1 Euler steps." in path.read_text()
     assert [r[0] for r in rows] == ["t2", "t2-wide", "t2-mixture", "t2-mixture-wide"]
     assert [(r[3], r[4]) for r in rows] == [("off", "no"), ("off", "yes"), ("mixture", "no"), ("mixture", "yes")]
     for row in rows:

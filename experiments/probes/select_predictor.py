@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> Path:
     choice = choose(rows)
     lines = [f"Held-out folds: {'; '.join(', '.join(f) for f in sel.folds)}. Capped MAE of the last checkpoint on "
              f"the held-out families' train + val curves, the mean over folds and {sel.seeds} training "
-             "replicate(s); per fold: the mean over replicates; per replicate: each replicate's mean over folds.", "",
+             "replicate(s); per fold: the mean over replicates; per replicate: each replicate's mean over folds"
+             + ("." if sel.sampling is None else
+                f"; fold predictors draw {sel.sampling[0]} crossings with {sel.sampling[1]} Euler steps."), "",
              "| candidate | parameters | epochs | prior | wide families | held-out MAE | per fold | per replicate | chosen |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['params']:,} | {r['epochs']} | {r['prior']} | {'yes' if r['wide'] else 'no'} | "
