@@ -166,6 +166,11 @@ def test_quantile_probe(smoke_bank, fm_dir, tmp_path, untrained_fm):
     path = run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--roots", "1", "--stress",
                "--quantiles", "0,0.15", "--hold", "10")
     assert path.name == "quantile_probe_smoke_stress_hold10.md" and len(tables(path)[0]) == 4
+    path = run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--trainer-episodes",
+               "--quantiles", "0.15")
+    assert path.name == "quantile_probe_smoke_trainer.md" and "of the scheduler trainer" in path.read_text()
+    with pytest.raises(SystemExit):
+        run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--stress", "--trainer-episodes")
 
 
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):

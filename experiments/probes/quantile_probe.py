@@ -9,7 +9,8 @@ much as q does), and the table gives the mean over draws with the paired differe
 against `--reference`: a hierarchical bootstrap over draws and episodes.
 
 `--load` replays the episodes at another arrival probability, `--stress` the stress
-scenario built from ID val curves instead, `--hold H` the rules deciding at events, and
+scenario built from ID val curves instead, `--trainer-episodes` the scheduler trainer's
+validation episodes instead (`hold_probe`'s), `--hold H` the rules deciding at events, and
 `--profile cluster` the cluster. Validation curves only. Run from the project root:
 
     python -m experiments.probes.quantile_probe --quantiles 0,0.07,0.15,0.2 --sampler-seeds 0,1,2
@@ -28,12 +29,13 @@ import numpy as np
 from experiments.probes.common import add_common_flags, add_replay_flags, save_table
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_env.env import EnvConfig, load_curves
+from mara_env.env import EnvConfig, load_curves, sample_episodes
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import stress_episode
 from mara_fm.predictors import FMPredictor
 from mara_rl.evaluate import pooled_episodes
 from mara_rl.methods import classic
+from mara_rl.scheduler_config import scheduler_config, training_env
 from mara_rl.stats import hierarchical_bootstrap
 
 RULES = ("lara_optimistic", "llf")
@@ -55,10 +57,14 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--hold", type=int, help="the rules decide at events, holding up to H steps")
     parser.add_argument("--stress", action="store_true",
                         help="the stress scenario from ID val curves, one episode per root")
+    parser.add_argument("--trainer-episodes", action="store_true",
+                        help="the scheduler trainer's validation episodes ([scheduler] eval_episodes from eval_seed)")
     args = parser.parse_args(argv)
     quantiles = [float(q) for q in items(args.quantiles)]
     draws = [int(d) for d in items(args.sampler_seeds)]
     rules = items(args.rules)
+    if sum([args.stress, args.trainer_episodes, args.load is not None]) > 1:
+        parser.error("--stress, --trainer-episodes and --load each choose the episodes: give one of them")
     if args.reference not in quantiles or not draws or not set(rules) <= set(RULES):
         parser.error(f"--quantiles must hold --reference, --sampler-seeds at least one seed, --rules of {RULES}")
 
@@ -69,6 +75,11 @@ def main(argv: list[str] | None = None) -> Path:
     if args.stress:
         curves = load_curves(base.bank, "id", "val")
         episodes = [stress_episode(curves, base.horizon, seed=root) for root in range(args.roots)]
+    elif args.trainer_episodes:
+        sched = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
+        base = dataclasses.replace(training_env(sched, profile, Path(base.bank)), split="val", burst_prob=0.0,
+                                   decision_interval=args.hold)
+        episodes = sample_episodes(base, sched.eval_episodes, sched.eval_seed)
     else:
         episodes = pooled_episodes(base, args.roots, args.episodes_per_root)
     fm = FMPredictor.load(args.fm or profile.paths.predictor)
@@ -85,7 +96,9 @@ def main(argv: list[str] | None = None) -> Path:
                 print(f"[quantile] {rule} q = {q:g}: " + " / ".join(f"{r:.2f}" for r in per[rule][q].mean(axis=1)),
                       flush=True)
 
-    scope = ("stress episodes" if args.stress else f"ID val episodes at p = {base.arrival_prob}") + (
+    scope = ("stress episodes" if args.stress else
+             f"ID val episodes {'of the scheduler trainer ' if args.trainer_episodes else ''}at p = "
+             f"{base.arrival_prob}") + (
         f", decisions held up to {args.hold} steps" if args.hold else "")
     lines = [f"# The rules' optimistic order statistic (profile {profile.name}, M = {fm.samples})", "",
              f"{len(episodes)} {scope}, FM's sampler seeds {draws}. Success %, mean over draws (per draw), and "
@@ -103,6 +116,7 @@ def main(argv: list[str] | None = None) -> Path:
             lines.append(f"| {rule} | {q:g} | {round(q * (fm.samples - 1))} | {rates.mean():.2f} | "
                          + " / ".join(f"{r:.2f}" for r in rates.mean(axis=1)) + f" | {versus} |")
     variant = "_stress" if args.stress else (f"_p{base.arrival_prob:g}" if args.load is not None else "")
+    variant += "_trainer" if args.trainer_episodes else ""
     variant += f"_hold{args.hold}" if args.hold else ""
     name = "quantile_probe" + ("" if profile.name == "default" else f"_{profile.name}") + variant + ".md"
     return save_table(lines, args.out, name)
