@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mara_env.env import EnvConfig
+from mara_common.profile import Profile
+from mara_env.env import EnvConfig, sample_episodes
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import Episode
 from mara_fm.predictors import Predictor
 from mara_rl.methods import classic
+from mara_rl.scheduler_config import scheduler_config, training_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -31,6 +33,20 @@ def add_replay_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty, stripped items of a comma-separated flag value."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def trainer_val_episodes(profile: Profile, bank: Path, fm: Path | None = None,
+                         count: int | None = None) -> tuple[EnvConfig, list[Episode]]:
+    """The scheduler trainer's validation env (FM inside, no bursts) and its episodes: the ones
+    that pick a run's exported policy, `[scheduler] eval_episodes` (or `count`) from `eval_seed`."""
+    cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm) if fm else None)
+    env = dataclasses.replace(training_env(cfg, profile, bank), split="val", burst_prob=0.0)
+    return env, sample_episodes(env, count or cfg.eval_episodes, cfg.eval_seed)
 
 
 def save_table(lines: list[str], out: Path, name: str) -> Path:

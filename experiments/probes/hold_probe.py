@@ -23,13 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table
+from experiments.probes.common import add_common_flags, save_table, trainer_val_episodes
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_env.env import sample_episodes
 from mara_env.vector import replay_in_lockstep
 from mara_rl.methods import classic
-from mara_rl.scheduler_config import scheduler_config, training_env
 
 RULES = ("lara_optimistic", "llf")
 
@@ -43,10 +41,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     torch_threads(1)
     profile = Profile.load(args.profile)
-    cfg = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
-    env = dataclasses.replace(training_env(cfg, profile, args.bank or profile.paths.bank), split="val",
-                              burst_prob=0.0)
-    episodes = sample_episodes(env, args.episodes or cfg.eval_episodes, cfg.eval_seed)
+    env, episodes = trainer_val_episodes(profile, args.bank or profile.paths.bank, args.fm, args.episodes)
     intervals = [None, *(int(h) for h in args.intervals.split(",") if h.strip())]
     lines = [f"# Rules deciding at events ({len(episodes)} ID val episodes of the trainer, profile {profile.name})",
              "", "Success %; `every step` is the rule as evaluated, `H` its decisions held up to H steps.", "",

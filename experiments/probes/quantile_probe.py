@@ -26,23 +26,24 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, add_replay_flags, save_table
+from experiments.probes.common import (
+    add_common_flags,
+    add_replay_flags,
+    comma_list,
+    save_table,
+    trainer_val_episodes,
+)
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_env.env import EnvConfig, load_curves, sample_episodes
+from mara_env.env import EnvConfig, load_curves
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import stress_episode
 from mara_fm.predictors import FMPredictor
 from mara_rl.evaluate import pooled_episodes
 from mara_rl.methods import classic
-from mara_rl.scheduler_config import scheduler_config, training_env
 from mara_rl.stats import hierarchical_bootstrap
 
 RULES = ("lara_optimistic", "llf")
-
-
-def items(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -60,9 +61,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--trainer-episodes", action="store_true",
                         help="the scheduler trainer's validation episodes ([scheduler] eval_episodes from eval_seed)")
     args = parser.parse_args(argv)
-    quantiles = [float(q) for q in items(args.quantiles)]
-    draws = [int(d) for d in items(args.sampler_seeds)]
-    rules = items(args.rules)
+    quantiles = [float(q) for q in comma_list(args.quantiles)]
+    draws = [int(d) for d in comma_list(args.sampler_seeds)]
+    rules = comma_list(args.rules)
     if sum([args.stress, args.trainer_episodes, args.load is not None]) > 1:
         parser.error("--stress, --trainer-episodes and --load each choose the episodes: give one of them")
     if args.reference not in quantiles or not draws or not set(rules) <= set(RULES):
@@ -76,13 +77,12 @@ def main(argv: list[str] | None = None) -> Path:
         curves = load_curves(base.bank, "id", "val")
         episodes = [stress_episode(curves, base.horizon, seed=root) for root in range(args.roots)]
     elif args.trainer_episodes:
-        sched = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
-        base = dataclasses.replace(training_env(sched, profile, Path(base.bank)), split="val", burst_prob=0.0,
-                                   decision_interval=args.hold)
-        episodes = sample_episodes(base, sched.eval_episodes, sched.eval_seed)
+        trainer, episodes = trainer_val_episodes(profile, Path(base.bank), args.fm)
+        base = dataclasses.replace(trainer, decision_interval=args.hold)
     else:
         episodes = pooled_episodes(base, args.roots, args.episodes_per_root)
     fm = FMPredictor.load(args.fm or profile.paths.predictor)
+    at_draw = {draw: fm.resampled(draw) for draw in draws}
     # per[rule][q]: draws × episodes success rates (%)
     per: dict[str, dict[float, np.ndarray]] = {rule: {} for rule in rules}
     with torch_threads(1):
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> Path:
             for q in quantiles:
                 rows = []
                 for draw in draws:
-                    cfg = dataclasses.replace(base, optimistic_quantile=q, predictor=fm.resampled(draw))
+                    cfg = dataclasses.replace(base, optimistic_quantile=q, predictor=at_draw[draw])
                     rows.append([100 * o["success_rate"] for o in replay_in_lockstep(cfg, episodes, classic(rule)())])
                 per[rule][q] = np.array(rows)
                 print(f"[quantile] {rule} q = {q:g}: " + " / ".join(f"{r:.2f}" for r in per[rule][q].mean(axis=1)),

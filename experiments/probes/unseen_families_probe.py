@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.probes.common import add_common_flags, save_table, success
+from experiments.probes.common import add_common_flags, comma_list, save_table, success
 from experiments.probes.select_predictor import (
     add_grid_flags,
     fold_predictor,
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> Path:
                              "comma-separated (default: each predictor's own draw)")
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
-    draws = [int(x) for x in args.sampler_seeds.split(",") if x.strip()] or None
+    draws = [int(x) for x in comma_list(args.sampler_seeds)] or None
     scales = [float(x) for x in args.crossing_scales.split(",")]
     if not scales or min(scales) <= 0:
         parser.error("--crossing-scales: positive factors, comma-separated")
