@@ -3,7 +3,8 @@
 Each field declared with `mara_common.config.setting` becomes `--field-name`
 (its help, type and choices from the declaration); a flag left unset keeps
 the profile's value. The same fields turn back into argv for a job that runs
-the command elsewhere (`to_argv`).
+the command elsewhere (`to_argv`). Flags that take several values take them
+comma-separated (`comma_list`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from mara_common.config import field_types
+from mara_common.config import ConfigError, field_types
+
+T = TypeVar("T")
 
 
 def _scalar(tp: Any) -> Any:
@@ -70,3 +74,17 @@ def to_argv(values: dict[str, Any]) -> list[str]:
         else:
             argv += [flag_name(name), str(value)]
     return argv
+
+
+def comma_list(text: str | None, flag: str, item: Callable[[str], T] = str) -> list[T]:
+    """The non-empty, stripped items of a comma-separated value of `flag`, each read by
+    `item`; an item that `item` rejects is a ConfigError naming the flag and the item."""
+    out = []
+    for word in (x.strip() for x in (text or "").split(",")):
+        if not word:
+            continue
+        try:
+            out.append(item(word))
+        except ValueError as e:
+            raise ConfigError(f"{flag}: cannot read {word!r} ({e})") from None
+    return out

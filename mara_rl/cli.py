@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_common.kernels import pin_kernels
 from mara_common.paths import normal_path
 from mara_common.profile import Profile
@@ -34,15 +35,8 @@ from mara_rl.scheduler_config import scheduler_config, training_env
 UNTRACKED = ("curves", "bench")  # the commands that log nothing to MLflow
 
 
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
 def _loads(text: str) -> list[float]:
-    try:
-        loads = [float(x) for x in _csv(text)]
-    except ValueError:
-        raise ConfigError(f"--load {text!r}: give comma-separated arrival probabilities, e.g. 0.04,0.05") from None
+    loads = comma_list(text, "--load", float)
     if not loads or any(not 0.0 <= p <= 1.0 for p in loads):
         raise ConfigError(f"--load {text!r}: arrival probabilities must lie in [0, 1]")
     return loads
@@ -56,7 +50,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                                split=args.split)
     available = builtin_methods(normal_path(args.fm) if args.fm else None, env_cfg.view_options,
                                 normal_path(args.history) if args.history else None)
-    names = list(dict.fromkeys(_csv(args.methods)))
+    names = list(dict.fromkeys(comma_list(args.methods, "--methods")))
     for (name, seed), path in parse_policies(args.policies).items():
         key = name if seed is None else f"{name}@{seed}"
         available[key] = learned(name, path, seed)
@@ -65,7 +59,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     missing = unavailable(names, available)
     if missing:
         raise ConfigError(f"cannot run: {missing}")
-    records = evaluate([available[m] for m in names], _csv(args.task_set), _loads(args.load), bank, env_cfg,
+    records = evaluate([available[m] for m in names], comma_list(args.task_set, "--task-set"), _loads(args.load), bank, env_cfg,
                        eval_cfg, scenario=args.scenario, out_dir=Path(args.out), log_mlflow=not args.no_mlflow,
                        tags={"profile": profile.name, "evaluation": Path(args.out).name})
     print(markdown_table(records))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_common.paths import PROFILE_DIR, normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import ensure_experiment
@@ -167,7 +168,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
     cfg = replace(profile.section(LiveConfig, "live", streams=args.streams, kill_at=args.kill_at,
                                   stream_seed=args.stream_seed), show_every=0)
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
-    names = args.methods.split(",") if args.methods else list(cfg.methods)
+    names = comma_list(args.methods, "--methods") or list(cfg.methods)
     methods = [live_method(profile, env_cfg, name) for name in names]
     inputs = {name: row_inputs(method, env_cfg, cfg, None if name in SPECS else policy_path(profile, name, None))
               for name, method in zip(names, methods, strict=True)}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_env.env import VIEW_OPTIONS, EnvConfig
 from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide
@@ -199,7 +200,7 @@ def parse_policies(text: str | None) -> dict[tuple[str, int | None], str]:
     that method's seeds (e.g. `mara@1=...,mara@2=...` beside the pipeline's seed 0).
     """
     policies = {}
-    for item in (x.strip() for x in (text or "").split(",") if x.strip()):
+    for item in comma_list(text, "--policies"):
         key, _, path = item.partition("=")
         name, at, seed = key.partition("@")
         if not name or not path or (at and not seed.isdigit()):

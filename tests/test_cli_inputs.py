@@ -132,6 +132,7 @@ def test_unknown_profile_name(tmp_path, smoke_bank, capsys):
 
 @pytest.mark.parametrize("extra, words", [
     pytest.param(["--load", "abc"], ["--load", "abc"], id="load-abc"),
+    pytest.param(["--load", "0.04, ,x"], ["--load", "'x'"], id="load-second-item"),
     pytest.param(["--load", "2"], ["--load", "'2'", "[0, 1]"], id="load-2"),
     pytest.param(["--roots", "0"], ["roots", "got 0"], id="roots-0"),
     pytest.param(["--methods", "fifo,no_such_method"], ["no_such_method", "unknown"], id="unknown-method"),

@@ -72,6 +72,19 @@ def run(name: str, smoke_bank: Path, tmp_path: Path, *args: str) -> Path:
     return path
 
 
+@pytest.mark.parametrize("name, flag, value", [
+    ("quantile_probe", "--quantiles", "0.15,half"),
+    ("calibrate_workload", "--unreachable", "0.1,,x"),
+    ("select_predictor", "--epochs", "25,many"),
+])
+def test_a_comma_flag_names_itself_and_the_item_it_cannot_read(smoke_bank, tmp_path, name, flag, value):
+    out = tmp_path / "out"
+    argv = [*SMOKE, "--bank", str(smoke_bank), "--out", str(out), flag, value]
+    with pytest.raises(ConfigError, match=rf"{flag}: cannot read '{value.split(',')[-1]}'"):
+        probe(name).main(argv + (["--work", str(tmp_path / "work")] if name == "select_predictor" else []))
+    assert not out.exists()
+
+
 def test_calibrate_workload_scan(smoke_bank, fm_dir, tmp_path):
     path = run("calibrate_workload", smoke_bank, tmp_path, "--episodes", "1", "--demand", "30-150,80-280",
                "--window", "1.3-2.4", "--unreachable", "0.2", "--fit-horizon", "yes", "--fm", str(fm_dir))

@@ -31,6 +31,7 @@ import numpy as np
 
 from experiments.probes.common import add_common_flags, save_table
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, load_curves
@@ -111,7 +112,7 @@ def band_summary(rows: list[dict], fit: bool) -> str:
 def pairs(text: str, kind: type) -> tuple[tuple, ...]:
     """`LO-HI,LO-HI,...` → ((lo, hi), ...)."""
     out = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
+    for item in comma_list(text, "--demand/--window"):
         lo, _, hi = item.partition("-")
         try:
             out.append((kind(lo), kind(hi)))
@@ -122,7 +123,7 @@ def pairs(text: str, kind: type) -> tuple[tuple, ...]:
 
 def yes_no(text: str) -> tuple[bool, ...]:
     """`no`, `yes` or `no,yes` → the fit_horizon values scanned."""
-    words = [x.strip() for x in text.split(",") if x.strip()]
+    words = comma_list(text, "--fit-horizon")
     if not words or set(words) - {"no", "yes"}:
         raise ConfigError(f"--fit-horizon takes no, yes or no,yes; got {text!r}")
     return tuple(w == "yes" for w in words)
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
 
     grid = Grid(pairs(args.demand, int), pairs(args.window, float),
-                tuple(float(u) for u in args.unreachable.split(",") if u.strip()), yes_no(args.fit_horizon))
+                tuple(comma_list(args.unreachable, "--unreachable", float)), yes_no(args.fit_horizon))
     profile = Profile.load(args.profile)
     base = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), arrival_prob=args.load)
     available = builtin_methods(str(args.fm.resolve()) if args.fm else None, base.view_options)

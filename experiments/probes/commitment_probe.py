@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.probes.common import add_common_flags, save_table
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import LARA
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> Path:
                           task_set="id", arrival_prob=args.load,
                           predictor=args.predictor or f"fm:{profile.paths.predictor.resolve()}")
     episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
-    starts = [int(t0) for t0 in args.starts.split(",")]
-    lengths = [int(k) for k in args.lengths.split(",")]
+    starts = comma_list(args.starts, "--starts", int)
+    lengths = comma_list(args.lengths, "--lengths", int)
     deviations = [Deviation(i) for i in range(len(episodes))]
     deviations += [Deviation(i, t0, k) for i in range(len(episodes)) for t0 in starts for k in lengths]
     with torch_threads(1):

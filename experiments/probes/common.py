@@ -35,11 +35,6 @@ def add_replay_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes-per-root", type=int, default=8)
 
 
-def comma_list(text: str) -> list[str]:
-    """The non-empty, stripped items of a comma-separated flag value."""
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
 def trainer_val_episodes(profile: Profile, bank: Path, fm: Path | None = None,
                          count: int | None = None) -> tuple[EnvConfig, list[Episode]]:
     """The scheduler trainer's validation env (FM inside, no bursts) and its episodes: the ones
@@ -47,6 +42,11 @@ def trainer_val_episodes(profile: Profile, bank: Path, fm: Path | None = None,
     cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm) if fm else None)
     env = dataclasses.replace(training_env(cfg, profile, bank), split="val", burst_prob=0.0)
     return env, sample_episodes(env, count or cfg.eval_episodes, cfg.eval_seed)
+
+
+def table_name(probe: str, profile: Profile, variant: str = "") -> str:
+    """`probe[_profile][variant].md`: the default profile's table carries no profile suffix."""
+    return probe + ("" if profile.name == "default" else f"_{profile.name}") + variant + ".md"
 
 
 def save_table(lines: list[str], out: Path, name: str) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
@@ -44,7 +45,7 @@ SETTINGS = ((5, None), (10, None), (5, 20), (5, 40), (10, 40), (20, 40))
 def parse_settings(text: str) -> list[tuple[int, int | None]]:
     """`K:WINDOW,...` (WINDOW `all`: the whole prefix) → [(k, window or None)]."""
     settings = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
+    for item in comma_list(text, "--settings"):
         k, _, window = item.partition(":")
         if not k.isdigit() or not (window == "all" or window.isdigit()):
             raise ConfigError(f"--settings entry {item!r} should be K:WINDOW, WINDOW a number or 'all'")

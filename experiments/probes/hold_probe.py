@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table, trainer_val_episodes
+from experiments.probes.common import add_common_flags, save_table, table_name, trainer_val_episodes
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.vector import replay_in_lockstep
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> Path:
     torch_threads(1)
     profile = Profile.load(args.profile)
     env, episodes = trainer_val_episodes(profile, args.bank or profile.paths.bank, args.fm, args.episodes)
-    intervals = [None, *(int(h) for h in args.intervals.split(",") if h.strip())]
+    intervals = [None, *comma_list(args.intervals, "--intervals", int)]
     lines = [f"# Rules deciding at events ({len(episodes)} ID val episodes of the trainer, profile {profile.name})",
              "", "Success %; `every step` is the rule as evaluated, `H` its decisions held up to H steps.", "",
              "| rule | every step | " + " | ".join(f"H = {h}" for h in intervals[1:]) + " |",
@@ -52,8 +53,7 @@ def main(argv: list[str] | None = None) -> Path:
             dataclasses.replace(env, decision_interval=h), episodes, classic(rule)())]) for h in intervals]
         lines.append(f"| {rule} | " + " | ".join(f"{100 * r:.2f}" for r in rates) + " |")
         print(lines[-1], flush=True)
-    name = "hold_probe.md" if profile.name == "default" else f"hold_probe_{profile.name}.md"
-    return save_table(lines, args.out, name)
+    return save_table(lines, args.out, table_name("hold_probe", profile))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import numpy as np
 
 from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, load_curves
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> Path:
     with torch_threads(1):
         if args.by_family:
             return save_table(by_family(cfg, episodes, fm), args.out, "planning_probe_by_family.md")
-        sigmas = [float(s) for s in args.sigmas.split(",") if s.strip()]
+        sigmas = comma_list(args.sigmas, "--sigmas", float)
         return save_table(by_predictor(cfg, episodes, fm, sigmas), args.out, "planning_probe.md")
 
 

@@ -29,10 +29,11 @@ import numpy as np
 from experiments.probes.common import (
     add_common_flags,
     add_replay_flags,
-    comma_list,
     save_table,
+    table_name,
     trainer_val_episodes,
 )
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, load_curves
@@ -61,9 +62,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--trainer-episodes", action="store_true",
                         help="the scheduler trainer's validation episodes ([scheduler] eval_episodes from eval_seed)")
     args = parser.parse_args(argv)
-    quantiles = [float(q) for q in comma_list(args.quantiles)]
-    draws = [int(d) for d in comma_list(args.sampler_seeds)]
-    rules = comma_list(args.rules)
+    quantiles = comma_list(args.quantiles, "--quantiles", float)
+    draws = comma_list(args.sampler_seeds, "--sampler-seeds", int)
+    rules = comma_list(args.rules, "--rules")
     if sum([args.stress, args.trainer_episodes, args.load is not None]) > 1:
         parser.error("--stress, --trainer-episodes and --load each choose the episodes: give one of them")
     if args.reference not in quantiles or not draws or not set(rules) <= set(RULES):
@@ -118,8 +119,7 @@ def main(argv: list[str] | None = None) -> Path:
     variant = "_stress" if args.stress else (f"_p{base.arrival_prob:g}" if args.load is not None else "")
     variant += "_trainer" if args.trainer_episodes else ""
     variant += f"_hold{args.hold}" if args.hold else ""
-    name = "quantile_probe" + ("" if profile.name == "default" else f"_{profile.name}") + variant + ".md"
-    return save_table(lines, args.out, name)
+    return save_table(lines, args.out, table_name("quantile_probe", profile, variant))
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.probes.common import add_common_flags, comma_list, save_table
+from experiments.probes.common import add_common_flags, save_table
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
 from mara_fm.build_bank import ensure_wide_bank
@@ -259,7 +260,8 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
     flags) into the arguments and the `Selection` they name; the wide bank is built if missing."""
     args = parser.parse_args(argv)
 
-    networks, priors, data, inputs = (comma_list(v) for v in (args.networks, args.priors, args.data, args.inputs))
+    networks, priors, data, inputs = (comma_list(getattr(args, name), f"--{name}")
+                                      for name in ("networks", "priors", "data", "inputs"))
     if not networks or set(networks) - set(NETWORKS):
         parser.error(f"--networks: choose from {list(NETWORKS)}")
     if not priors or set(priors) - set(PRIOR_COST):
@@ -268,19 +270,19 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
         parser.error(f"--data: choose from {list(DATA)}")
     if not inputs or set(inputs) - set(INPUTS):
         parser.error(f"--inputs: choose from {list(INPUTS)}")
-    sizes = tuple(int(k) for k in comma_list(args.prior_curves)) or (None,)
-    members = tuple(int(k) for k in comma_list(args.members))
+    sizes = tuple(comma_list(args.prior_curves, "--prior-curves", int)) or (None,)
+    members = tuple(comma_list(args.members, "--members", int))
     if not members or min(members) < 1:
         parser.error("--members: ensemble sizes of at least 1, comma-separated")
     if args.seeds < 1:
         parser.error("--seeds: at least 1 training replicate per candidate")
-    sampling = tuple(int(x) for x in comma_list(args.sampling)) or None
+    sampling = tuple(comma_list(args.sampling, "--sampling", int)) or None
     if sampling is not None and (len(sampling) != 2 or min(sampling) < 1):
         parser.error("--sampling: M,S, two positive integers (samples, Euler steps)")
-    grid = candidates(networks, [int(n) for n in comma_list(args.epochs)], priors, tuple(data), tuple(inputs), sizes)
+    grid = candidates(networks, comma_list(args.epochs, "--epochs", int), priors, tuple(data), tuple(inputs), sizes)
     profile = Profile.load(args.profile)
     return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
-                           [tuple(f.split("+")) for f in comma_list(args.folds)], members, args.seeds, sampling)
+                           [tuple(f.split("+")) for f in comma_list(args.folds, "--folds")], members, args.seeds, sampling)
 
 
 def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1,

@@ -32,6 +32,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from experiments.probes.common import add_common_flags, save_table
 from mara_common.config import ConfigError
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import OptimisticLARA
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> Path:
     def rate(decide: BatchDecide) -> float:
         return 100 * float(np.mean([o["success_rate"] for o in replay_in_lockstep(val, episodes, decide)]))
 
-    taus = [float(t) for t in args.taus.split(",") if t.strip()]
+    taus = comma_list(args.taus, "--taus", float)
     lines += ["", f"The teacher with the classifier's call, success % on the trainer's {len(episodes)} ID val "
               f"episodes (the teacher alone: {rate(classic('lara_optimistic')()):.2f}):", "",
               "| features | " + " | ".join(f"τ = {t:g}" for t in taus) + " |", "|---|" + "---|" * len(taus)]

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.probes.common import add_common_flags, comma_list, save_table, success
+from experiments.probes.common import add_common_flags, save_table, success
 from experiments.probes.select_predictor import (
     add_grid_flags,
     fold_predictor,
@@ -64,6 +64,7 @@ from experiments.probes.select_predictor import (
     label,
     parse_selection,
 )
+from mara_common.flags import comma_list
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
 from mara_env.workload import Episode
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> Path:
                              "comma-separated (default: each predictor's own draw)")
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
-    draws = [int(x) for x in comma_list(args.sampler_seeds)] or None
-    scales = [float(x) for x in args.crossing_scales.split(",")]
+    draws = comma_list(args.sampler_seeds, "--sampler-seeds", int) or None
+    scales = comma_list(args.crossing_scales, "--crossing-scales", float)
     if not scales or min(scales) <= 0:
         parser.error("--crossing-scales: positive factors, comma-separated")
     profile, bank, folds = sel.profile, sel.bank, sel.folds

@@ -39,7 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
+from experiments.probes.common import (
+    add_common_flags,
+    add_replay_flags,
+    save_table,
+    success,
+    table_name,
+)
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.allocators import LARA, can_meet_deadlines, joint_action
@@ -250,7 +257,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--alternatives", type=int, default=3, help="swaps, and as many drops, per decision")
     parser.add_argument("--delta", type=float, default=0.25, help="least mean gain (successes) to deviate")
     args = parser.parse_args(argv)
-    planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    planners = comma_list(args.planners, "--planners")
     if not planners or set(planners) - set(PLANNERS):
         parser.error(f"--planners: choose from {list(PLANNERS)}")
     profile = Profile.load(args.profile)
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> Path:
              "| load | teacher | llf_fm | teacher held | " + " | ".join(planners) + " |",
              "|---|---|---|---|" + "---|" * len(planners)]
     with torch_threads(1):
-        for load in (float(x) for x in args.loads.split(",")):
+        for load in comma_list(args.loads, "--loads", float):
             cfg = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), split="val",
                                   task_set="id", arrival_prob=load)
             held = dataclasses.replace(cfg, decision_interval=args.hold)
@@ -278,8 +285,7 @@ def main(argv: list[str] | None = None) -> Path:
                 print(f"[worlds] load {load} {planner}: {row[-1]:.2f}", flush=True)
             lines.append(f"| {load} | " + " | ".join(f"{r:.2f}" for r in row) + " |")
             print(lines[-1], flush=True)
-    name = "worlds_probe.md" if profile.name == "default" else f"worlds_probe_{profile.name}.md"
-    return save_table(lines, args.out, name)
+    return save_table(lines, args.out, table_name("worlds_probe", profile))
 
 
 if __name__ == "__main__":
