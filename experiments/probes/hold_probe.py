@@ -21,14 +21,16 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
-from experiments.probes.common import add_common_flags, save_table, table_name, trainer_val_episodes
+from experiments.probes.common import (
+    add_common_flags,
+    save_table,
+    success,
+    table_name,
+    trainer_val_episodes,
+)
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_env.vector import replay_in_lockstep
-from mara_rl.methods import classic
 
 RULES = ("lara_optimistic", "llf")
 
@@ -49,9 +51,9 @@ def main(argv: list[str] | None = None) -> Path:
              "| rule | every step | " + " | ".join(f"H = {h}" for h in intervals[1:]) + " |",
              "|---|" + "---|" * len(intervals)]
     for rule in RULES:
-        rates = [np.mean([o["success_rate"] for o in replay_in_lockstep(
-            dataclasses.replace(env, decision_interval=h), episodes, classic(rule)())]) for h in intervals]
-        lines.append(f"| {rule} | " + " | ".join(f"{100 * r:.2f}" for r in rates) + " |")
+        rates = [success(dataclasses.replace(env, decision_interval=h), episodes, env.predictor, rule)
+                 for h in intervals]
+        lines.append(f"| {rule} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
         print(lines[-1], flush=True)
     return save_table(lines, args.out, table_name("hold_probe", profile))
 
