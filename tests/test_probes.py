@@ -168,7 +168,7 @@ def test_quantile_probe(smoke_bank, fm_dir, tmp_path, untrained_fm):
                "--episodes-per-root", "2", "--quantiles", f"0,{same / 2:g},0.5", "--reference", "0",
                "--sampler-seeds", "0,1", "--rules", "lara_optimistic")
     assert path.name == "quantile_probe_smoke.md"
-    [rows] = tables(path)
+    rows, by_size = tables(path)
     assert [(r[0], r[2]) for r in rows] == [("lara_optimistic", "0"), ("lara_optimistic", "0"),
                                             ("lara_optimistic", str(round(0.5 * (m - 1))))]
     reference, twin, median = rows
@@ -176,9 +176,15 @@ def test_quantile_probe(smoke_bank, fm_dir, tmp_path, untrained_fm):
     for row in rows:
         draws = [percent(x) for x in row[4].split(" / ")]
         assert len(draws) == 2 and percent(row[3]) == pytest.approx(np.mean(draws), abs=0.01)
+    # the terciles of the episodes' task counts partition the episodes: their weighted means are the rule's
+    sizes = np.array([int(r[2]) for r in by_size])
+    assert sizes.sum() == 2
+    for column, row in zip(range(3, 6), rows, strict=True):
+        split = np.array([percent(r[column]) for r in by_size])
+        assert float(split @ sizes) / 2 == pytest.approx(percent(row[3]), abs=0.02)
     path = run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--roots", "1", "--stress",
                "--quantiles", "0,0.15", "--hold", "10")
-    assert path.name == "quantile_probe_smoke_stress_hold10.md" and len(tables(path)[0]) == 4
+    assert path.name == "quantile_probe_smoke_stress_hold10.md" and [len(t) for t in tables(path)] == [4]
     path = run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--trainer-episodes",
                "--quantiles", "0.15")
     assert path.name == "quantile_probe_smoke_trainer.md" and "of the scheduler trainer" in path.read_text()

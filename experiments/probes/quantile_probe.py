@@ -11,7 +11,8 @@ against `--reference`: a hierarchical bootstrap over draws and episodes.
 `--load` replays the episodes at another arrival probability, `--stress` the stress
 scenario built from ID val curves instead, `--trainer-episodes` the scheduler trainer's
 validation episodes instead (`hold_probe`'s), `--hold H` the rules deciding at events, and
-`--profile cluster` the cluster. Validation curves only. Run from the project root:
+`--profile cluster` the cluster. A second table splits the episodes by their number of tasks
+(terciles): whether the best q depends on an episode's load. Validation curves only. Run from the project root:
 
     python -m experiments.probes.quantile_probe --quantiles 0,0.07,0.15,0.2 --sampler-seeds 0,1,2
 
@@ -45,6 +46,24 @@ from mara_rl.methods import classic
 from mara_rl.stats import hierarchical_bootstrap
 
 RULES = ("lara_optimistic", "llf")
+
+
+def by_episode_size(per: dict[str, dict[float, np.ndarray]], tasks: list[int]) -> list[str]:
+    """The rules' success at each q within terciles of the episodes' task counts: whether
+    the best q depends on how loaded an episode is (a load-aware estimate would read it)."""
+    counts = np.asarray(tasks)
+    tercile = np.digitize(counts, np.quantile(counts, [1 / 3, 2 / 3]), right=True)
+    quantiles = list(next(iter(per.values())))
+    lines = ["", "By the episode's number of tasks (terciles): success %, mean over draws.", "",
+             "| rule | tasks | episodes | " + " | ".join(f"q = {q:g}" for q in quantiles) + " |",
+             "|---|---|---|" + "---|" * len(quantiles)]
+    for rule, at_q in per.items():
+        for t in range(3):
+            mask = tercile == t
+            if mask.any():
+                lines.append(f"| {rule} | {counts[mask].min()}–{counts[mask].max()} | {mask.sum()} | "
+                             + " | ".join(f"{at_q[q][:, mask].mean():.2f}" for q in quantiles) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -116,6 +135,8 @@ def main(argv: list[str] | None = None) -> Path:
                 versus = f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
             lines.append(f"| {rule} | {q:g} | {round(q * (fm.samples - 1))} | {rates.mean():.2f} | "
                          + " / ".join(f"{r:.2f}" for r in rates.mean(axis=1)) + f" | {versus} |")
+    if not args.stress:
+        lines += by_episode_size(per, [len(e.curve_ids) for e in episodes])
     variant = "_stress" if args.stress else (f"_p{base.arrival_prob:g}" if args.load is not None else "")
     variant += "_trainer" if args.trainer_episodes else ""
     variant += f"_hold{args.hold}" if args.hold else ""
