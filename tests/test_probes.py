@@ -169,6 +169,7 @@ def test_quantile_probe(smoke_bank, fm_dir, tmp_path, untrained_fm):
                "--sampler-seeds", "0,1", "--rules", "lara_optimistic")
     assert path.name == "quantile_probe_smoke.md"
     rows, by_size = tables(path)
+    assert "- lara_optimistic: " in path.read_text()  # two draws: the per-episode choice of q
     assert [(r[0], r[2]) for r in rows] == [("lara_optimistic", "0"), ("lara_optimistic", "0"),
                                             ("lara_optimistic", str(round(0.5 * (m - 1))))]
     reference, twin, median = rows
@@ -190,6 +191,16 @@ def test_quantile_probe(smoke_bank, fm_dir, tmp_path, untrained_fm):
     assert path.name == "quantile_probe_smoke_trainer.md" and "of the scheduler trainer" in path.read_text()
     with pytest.raises(SystemExit):
         run("quantile_probe", smoke_bank, tmp_path, "--fm", str(fm_dir), "--stress", "--trainer-episodes")
+
+
+def test_per_episode_choice_of_q_counts_only_what_holds_across_draws():
+    choice = probe("quantile_probe").per_episode_choice
+    # episode 0 always does best at q = 0, episode 1 at q = 0.5: a choice per episode gains 50 over either q
+    steady = {0.0: np.array([[100.0, 0.0]] * 3), 0.5: np.array([[0.0, 100.0]] * 3)}
+    assert choice(steady) == (100.0, 50.0)
+    # which q wins flips from draw to draw: the choice made on the other draws gains nothing
+    noisy = {0.0: np.array([[100.0], [0.0]]), 0.5: np.array([[0.0], [100.0]])}
+    assert choice(noisy) == (0.0, 0.0)
 
 
 def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
