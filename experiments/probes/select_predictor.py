@@ -281,8 +281,9 @@ def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
         parser.error("--sampling: M,S, two positive integers (samples, Euler steps)")
     grid = candidates(networks, comma_list(args.epochs, "--epochs", int), priors, tuple(data), tuple(inputs), sizes)
     profile = Profile.load(args.profile)
-    return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid,
-                           [tuple(f.split("+")) for f in comma_list(args.folds, "--folds")], members, args.seeds, sampling)
+    folds = [tuple(f.split("+")) for f in comma_list(args.folds, "--folds")]
+    return args, Selection(profile, args.bank or profile.paths.bank, ensure_wide_bank(profile), grid, folds,
+                           members, args.seeds, sampling)
 
 
 def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...], members: int = 1,
