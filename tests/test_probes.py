@@ -72,16 +72,17 @@ def run(name: str, smoke_bank: Path, tmp_path: Path, *args: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name, flag, value", [
-    ("quantile_probe", "--quantiles", "0.15,half"),
-    ("calibrate_workload", "--unreachable", "0.1,,x"),
-    ("select_predictor", "--epochs", "25,many"),
+@pytest.mark.parametrize("name, flag, value, error", [
+    ("quantile_probe", "--quantiles", "0.15,half", "cannot read 'half'"),
+    ("calibrate_workload", "--unreachable", "0.1,,x", "cannot read 'x'"),
+    ("calibrate_workload", "--window", "1.3-2.4,wide", "'wide' should be LO-HI"),
+    ("select_predictor", "--epochs", "25,many", "cannot read 'many'"),
 ])
-def test_a_comma_flag_names_itself_and_the_item_it_cannot_read(smoke_bank, tmp_path, name, flag, value):
+def test_a_comma_flag_names_itself_and_the_item_it_cannot_read(smoke_bank, tmp_path, name, flag, value, error):
     out = tmp_path / "out"
-    argv = [*SMOKE, "--bank", str(smoke_bank), "--out", str(out), flag, value]
-    with pytest.raises(ConfigError, match=rf"{flag}: cannot read '{value.split(',')[-1]}'"):
-        probe(name).main(argv + (["--work", str(tmp_path / "work")] if name == "select_predictor" else []))
+    work = ["--work", str(tmp_path / "work")] if name == "select_predictor" else []  # its required folder
+    with pytest.raises(ConfigError, match=rf"{flag}: {error}"):
+        probe(name).main([*SMOKE, "--bank", str(smoke_bank), "--out", str(out), *work, flag, value])
     assert not out.exists()
 
 

@@ -109,15 +109,15 @@ def band_summary(rows: list[dict], fit: bool) -> str:
             f"{max(r['lara_oracle'] - r['lara'] for r in in_band):.1f}.")
 
 
-def pairs(text: str, kind: type) -> tuple[tuple, ...]:
-    """`LO-HI,LO-HI,...` → ((lo, hi), ...)."""
+def pairs(text: str, kind: type, flag: str) -> tuple[tuple, ...]:
+    """`LO-HI,LO-HI,...` (the value of `flag`) → ((lo, hi), ...)."""
     out = []
-    for item in comma_list(text, "--demand/--window"):
+    for item in comma_list(text, flag):
         lo, _, hi = item.partition("-")
         try:
             out.append((kind(lo), kind(hi)))
         except ValueError:
-            raise ConfigError(f"{item!r} should be LO-HI ({kind.__name__}s)") from None
+            raise ConfigError(f"{flag}: {item!r} should be LO-HI ({kind.__name__}s)") from None
     return tuple(out)
 
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--fit-horizon", default="no,yes", help="scan demands sized to the time left: no, yes or no,yes")
     args = parser.parse_args(argv)
 
-    grid = Grid(pairs(args.demand, int), pairs(args.window, float),
+    grid = Grid(pairs(args.demand, int, "--demand"), pairs(args.window, float, "--window"),
                 tuple(comma_list(args.unreachable, "--unreachable", float)), yes_no(args.fit_horizon))
     profile = Profile.load(args.profile)
     base = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), arrival_prob=args.load)

@@ -11,8 +11,10 @@ against `--reference`: a hierarchical bootstrap over draws and episodes.
 `--load` replays the episodes at another arrival probability, `--stress` the stress
 scenario built from ID val curves instead, `--trainer-episodes` the scheduler trainer's
 validation episodes instead (`hold_probe`'s), `--hold H` the rules deciding at events, and
-`--profile cluster` the cluster. A second table splits the episodes by their number of tasks
-(terciles): whether the best q depends on an episode's load. Validation curves only. Run from the project root:
+`--profile cluster` the cluster. Validation curves only. Below the table: with several
+draws, each episode's own q chosen on the other draws and scored on the left-out one (what
+an episode-level choice of q could add); and the rules' success within terciles of the
+episodes' task counts (whether the best q follows an episode's load). Run from the project root:
 
     python -m experiments.probes.quantile_probe --quantiles 0,0.07,0.15,0.2 --sampler-seeds 0,1,2
 
