@@ -3,7 +3,6 @@ and writes a table whose figures lie in range."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import json
@@ -231,8 +230,7 @@ def test_select_predictor(smoke_bank, mlflow_store, tmp_path):
     assert {p.name for p in work.iterdir() if p.name.startswith("t1-seed")} == {
         f"t1-seed{k}-mlp_diabetes+logreg_cancer" for k in (1, 2, 3)}
     # --sampling scores the same trained fold networks with M crossings and S Euler steps.
-    parser = argparse.ArgumentParser()
-    common.add_common_flags(parser)
+    parser = common.probe_parser("select_predictor")
     select_predictor.add_grid_flags(parser)
     _, sel = select_predictor.parse_selection(parser, [*SMOKE, "--bank", str(smoke_bank), "--work", str(work),
                                                        "--networks", "tiny", "--epochs", "1", "--sampling", "4,1"])

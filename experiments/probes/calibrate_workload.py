@@ -21,7 +21,6 @@ Writes experiments/probes/results/calibrate_workload.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table
+from experiments.probes.common import probe_parser, save_table
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
@@ -130,8 +129,7 @@ def yes_no(text: str) -> tuple[bool, ...]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     grid = Grid()
     parser.add_argument("--load", type=float, help="arrival probability (default: the profile's)")
     parser.add_argument("--episodes", type=int, default=12, help="sampled episodes per setting")

@@ -20,13 +20,12 @@ Writes experiments/probes/results/commitment_probe.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table
+from experiments.probes.common import probe_parser, save_table
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -76,8 +75,7 @@ def replay(cfg: EnvConfig, episodes: list, deviations: list[Deviation]) -> list[
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     parser.add_argument("--predictor", default=None,
                         help="predictor spec inside the env (default: the profile's FM predictor)")
     parser.add_argument("--roots", type=int, default=5)

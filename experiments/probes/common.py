@@ -20,19 +20,20 @@ from mara_rl.scheduler_config import scheduler_config, training_env
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def add_common_flags(parser: argparse.ArgumentParser) -> None:
-    """--profile, --bank and --out, the same in every probe."""
+def probe_parser(doc: str, replay: bool = False) -> argparse.ArgumentParser:
+    """A probe's parser, described by its docstring's first line, with the flags every probe
+    has (--profile, --bank, --out) and, with `replay`, those of the probes that replay frozen
+    val episodes with FM (--fm, --roots, --episodes-per-root)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--profile", default="default", help="run profile: a name or a .toml path")
     parser.add_argument("--bank", type=Path, help="curve bank (default: the profile's)")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="folder for the probe's Markdown (default: experiments/probes/results)")
-
-
-def add_replay_flags(parser: argparse.ArgumentParser) -> None:
-    """--fm, --roots and --episodes-per-root: the probes that replay frozen val episodes with FM."""
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
+    if replay:
+        parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+        parser.add_argument("--roots", type=int, default=5)
+        parser.add_argument("--episodes-per-root", type=int, default=8)
+    return parser
 
 
 def trainer_val_episodes(profile: Profile, bank: Path, fm: Path | None = None,

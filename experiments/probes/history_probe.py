@@ -23,11 +23,10 @@ Writes experiments/probes/results/history_probe.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
-from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
+from experiments.probes.common import probe_parser, save_table, success
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
@@ -54,9 +53,7 @@ def parse_settings(text: str) -> list[tuple[int, int | None]]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
-    add_replay_flags(parser)
+    parser = probe_parser(__doc__, replay=True)
     parser.add_argument("--settings", default=",".join(f"{k}:{w or 'all'}" for k, w in SETTINGS),
                         help="(k, window) settings compared on ID val, as K:WINDOW,...")
     args = parser.parse_args(argv)

@@ -17,12 +17,11 @@ Writes experiments/probes/results/hold_probe[_<profile>].md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 from experiments.probes.common import (
-    add_common_flags,
+    probe_parser,
     save_table,
     success,
     table_name,
@@ -36,8 +35,7 @@ RULES = ("lara_optimistic", "llf")
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     parser.add_argument("--intervals", default="10,20", help="decision intervals H, comma-separated")
     parser.add_argument("--episodes", type=int, help="validation episodes (default: the profile's eval_episodes)")
     parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")

@@ -24,12 +24,11 @@ Writes experiments/probes/results/persistence_probe.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, save_table
+from experiments.probes.common import probe_parser, save_table
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_fm.bank import load_bank, select
@@ -56,8 +55,7 @@ def correlation(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
     parser.add_argument("--back", type=float, default=0.5,
                         help="the backcast starts from the first (1 − back) share of each query's prefix")

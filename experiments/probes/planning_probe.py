@@ -34,13 +34,12 @@ planning_probe_by_family.md), or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import add_common_flags, add_replay_flags, save_table, success
+from experiments.probes.common import probe_parser, save_table, success
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
@@ -187,9 +186,7 @@ def by_predictor(cfg: EnvConfig, episodes: list[Episode], fm: FMPredictor, sigma
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
-    add_replay_flags(parser)
+    parser = probe_parser(__doc__, replay=True)
     parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.5", help="σ of the noisy true demand, comma-separated")
     parser.add_argument("--no-probe", action="store_true",
                         help="judge every task after the predictor's warm-up (ignore the profile's probe_points)")

@@ -23,15 +23,13 @@ Writes experiments/probes/results/quantile_probe[_<profile>][_<variant>].md, or 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from experiments.probes.common import (
-    add_common_flags,
-    add_replay_flags,
+    probe_parser,
     save_table,
     table_name,
     trainer_val_episodes,
@@ -84,9 +82,7 @@ def by_episode_size(per: dict[str, dict[float, np.ndarray]], tasks: list[int]) -
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
-    add_replay_flags(parser)
+    parser = probe_parser(__doc__, replay=True)
     parser.add_argument("--quantiles", default="0,0.07,0.15,0.2", help="optimistic quantiles q, comma-separated")
     parser.add_argument("--reference", type=float, default=0.15, help="the q the others are paired against")
     parser.add_argument("--sampler-seeds", default="0", help="FM's base-noise draws, comma-separated")

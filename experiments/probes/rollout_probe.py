@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from ray.rllib.core.columns import Columns
 
-from experiments.probes.common import add_common_flags, add_replay_flags, save_table
+from experiments.probes.common import probe_parser, save_table
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.cluster import ClusterConfig
@@ -127,9 +127,7 @@ def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
-    add_replay_flags(parser)
+    parser = probe_parser(__doc__, replay=True)
     parser.add_argument("--interval", type=int, default=10, help="decision_interval of the replayed env")
     parser.add_argument("--share", type=float, default=0.25, help="share of contended states judged")
     parser.add_argument("--alternatives", type=int, default=4)

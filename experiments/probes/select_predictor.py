@@ -75,7 +75,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.probes.common import add_common_flags, save_table
+from experiments.probes.common import probe_parser, save_table
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
@@ -256,8 +256,8 @@ class Selection:
 
 def parse_selection(parser: argparse.ArgumentParser, argv: list[str] | None
                     ) -> tuple[argparse.Namespace, Selection]:
-    """Parse the command line (with `add_common_flags` and `add_grid_flags` among the parser's
-    flags) into the arguments and the `Selection` they name; the wide bank is built if missing."""
+    """Parse the command line (a `probe_parser` with `add_grid_flags`) into the arguments and
+    the `Selection` they name; the wide bank is built if missing."""
     args = parser.parse_args(argv)
 
     networks, priors, data, inputs = (comma_list(getattr(args, name), f"--{name}")
@@ -311,8 +311,7 @@ def full_predictor(sel: Selection, work: Path, name: str, members: int = 1, repl
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     add_grid_flags(parser)
     args, sel = parse_selection(parser, argv)
     queries = {fold: heldout_queries(heldout_curves(sel.frame, fold)) for fold in sel.folds}

@@ -22,7 +22,6 @@ Writes experiments/probes/results/trend_probe.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.metrics import log_loss, roc_auc_score
 
-from experiments.probes.common import add_common_flags, save_table
+from experiments.probes.common import probe_parser, save_table
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
@@ -92,8 +91,7 @@ def teacher_with(model: HistGradientBoostingClassifier, columns: list[int], tau:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
     parser.add_argument("--trend-window", type=int, default=8)
     parser.add_argument("--probe-points", type=int, help="judge tasks after this many points "

@@ -45,7 +45,6 @@ Writes experiments/probes/results/unseen_families_probe.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 from pathlib import Path
@@ -53,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.probes.common import add_common_flags, save_table, success
+from experiments.probes.common import probe_parser, save_table, success
 from experiments.probes.select_predictor import (
     add_grid_flags,
     fold_predictor,
@@ -136,8 +135,7 @@ def heldout_bank(frame: pd.DataFrame, curves: CurveSet, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
+    parser = probe_parser(__doc__)
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--crossing-scales", default="1",

@@ -33,15 +33,13 @@ Writes experiments/probes/results/worlds_probe.md, or into --out.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from experiments.probes.common import (
-    add_common_flags,
-    add_replay_flags,
+    probe_parser,
     save_table,
     success,
     table_name,
@@ -247,9 +245,7 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_flags(parser)
-    add_replay_flags(parser)
+    parser = probe_parser(__doc__, replay=True)
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--loads", default="0.04")
     parser.add_argument("--planners", default="served,kept", help=f"of {', '.join(PLANNERS)}, comma-separated")
