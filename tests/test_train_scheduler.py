@@ -328,3 +328,23 @@ def test_anchor_holds_ppo_near_the_warm_started_policy(smoke_bank: Path, ray_loc
 def test_anchor_needs_a_warm_start() -> None:
     with pytest.raises(ConfigError, match="needs imitation_episodes > 0"):
         SchedulerConfig(anchor_coeff=0.5, imitation_episodes=0)
+
+
+def test_ppo_at_events_with_the_privileged_critic_exports_a_policy_of_observations_only(
+        smoke_bank: Path, mlflow_store: str, ray_local: None, tmp_path: Path) -> None:
+    """Held decisions, the privileged critic and `llf` as teacher together (docs/decisions.md,
+    "Both together"), at toy sizes: PPO trains, and the exported policy holds its actions
+    between events and plays on observations without the critic's features."""
+    cfg = smoke_config(decision_interval=5, critic="privileged", imitation_teacher="llf", iterations=1,
+                       train_batch_size=200, minibatch_size=100, eval_episodes=2, imitation_episodes=1,
+                       imitation_epochs=1, imitation_dagger_rounds=1, imitation_dagger_epochs=1)
+    env_cfg = dataclasses.replace(training_env(cfg, SMOKE, smoke_bank), horizon=100, arrival_prob=0.2)
+    policy = train(cfg, env_cfg, tmp_path / "run")
+    (run,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
+    assert np.isfinite(run.data.metrics["vf_loss"]) and "imitation_node_agreement" in run.data.metrics
+    trained_in = policy_env(policy)
+    assert trained_in["decision_interval"] == 5 and "critic_features" not in trained_in
+    method = learned("mara_at_events", policy)
+    (record,) = evaluate([method], ["id"], [0.2], smoke_bank, dataclasses.replace(env_cfg, critic_features=False),
+                         EvalConfig(roots=1, episodes_per_root=2), log_mlflow=False, progress=False)
+    assert len(record.per_episode) == 2 and record.diagnostics  # it played both episodes to their end
