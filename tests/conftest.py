@@ -1,4 +1,5 @@
-"""Shared fixtures: the smoke banks (real training runs, built once per machine), a FM predictor, MLflow."""
+"""Shared fixtures: the smoke banks (real training runs, built once per machine), a FM
+predictor, MLflow; and the session's exit status, kept from a crash in the interpreter's teardown."""
 
 from __future__ import annotations
 
