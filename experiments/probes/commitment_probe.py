@@ -75,11 +75,9 @@ def replay(cfg: EnvConfig, episodes: list, deviations: list[Deviation]) -> list[
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__)
+    parser = probe_parser(__doc__, roots=True)
     parser.add_argument("--predictor", default=None,
                         help="predictor spec inside the env (default: the profile's FM predictor)")
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
     parser.add_argument("--starts", default="50,100,150,200,250,300,350,400,450",
                         help="steps t0 at which a deviation starts, comma-separated")
     parser.add_argument("--lengths", default="1,5,20,60", help="deviation lengths k, comma-separated")

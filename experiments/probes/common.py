@@ -20,17 +20,18 @@ from mara_rl.scheduler_config import scheduler_config, training_env
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def probe_parser(doc: str, replay: bool = False) -> argparse.ArgumentParser:
+def probe_parser(doc: str, fm: bool = False, roots: bool = False) -> argparse.ArgumentParser:
     """A probe's parser, described by its docstring's first line, with the flags every probe
-    has (--profile, --bank, --out) and, with `replay`, those of the probes that replay frozen
-    val episodes with FM (--fm, --roots, --episodes-per-root)."""
+    has (--profile, --bank, --out); with `fm`, --fm (the exported FM predictor, by default the
+    profile's); with `roots`, --roots and --episodes-per-root (the frozen val episodes)."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--profile", default="default", help="run profile: a name or a .toml path")
     parser.add_argument("--bank", type=Path, help="curve bank (default: the profile's)")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="folder for the probe's Markdown (default: experiments/probes/results)")
-    if replay:
+    if fm:
         parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    if roots:
         parser.add_argument("--roots", type=int, default=5)
         parser.add_argument("--episodes-per-root", type=int, default=8)
     return parser

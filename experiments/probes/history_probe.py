@@ -53,7 +53,7 @@ def parse_settings(text: str) -> list[tuple[int, int | None]]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__, replay=True)
+    parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--settings", default=",".join(f"{k}:{w or 'all'}" for k, w in SETTINGS),
                         help="(k, window) settings compared on ID val, as K:WINDOW,...")
     args = parser.parse_args(argv)

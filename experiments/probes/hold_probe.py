@@ -35,10 +35,9 @@ RULES = ("lara_optimistic", "llf")
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__)
+    parser = probe_parser(__doc__, fm=True)
     parser.add_argument("--intervals", default="10,20", help="decision intervals H, comma-separated")
     parser.add_argument("--episodes", type=int, help="validation episodes (default: the profile's eval_episodes)")
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
     args = parser.parse_args(argv)
     torch_threads(1)
     profile = Profile.load(args.profile)

@@ -55,8 +55,7 @@ def correlation(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__)
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    parser = probe_parser(__doc__, fm=True)
     parser.add_argument("--back", type=float, default=0.5,
                         help="the backcast starts from the first (1 − back) share of each query's prefix")
     parser.add_argument("--ahead", type=int, default=60, help="batches ahead of the prefix for the ahead error")

@@ -186,7 +186,7 @@ def by_predictor(cfg: EnvConfig, episodes: list[Episode], fm: FMPredictor, sigma
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__, replay=True)
+    parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.5", help="σ of the noisy true demand, comma-separated")
     parser.add_argument("--no-probe", action="store_true",
                         help="judge every task after the predictor's warm-up (ignore the profile's probe_points)")

@@ -82,7 +82,7 @@ def by_episode_size(per: dict[str, dict[float, np.ndarray]], tasks: list[int]) -
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__, replay=True)
+    parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--quantiles", default="0,0.07,0.15,0.2", help="optimistic quantiles q, comma-separated")
     parser.add_argument("--reference", type=float, default=0.15, help="the q the others are paired against")
     parser.add_argument("--sampler-seeds", default="0", help="FM's base-noise draws, comma-separated")

@@ -127,7 +127,7 @@ def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__, replay=True)
+    parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--interval", type=int, default=10, help="decision_interval of the replayed env")
     parser.add_argument("--share", type=float, default=0.25, help="share of contended states judged")
     parser.add_argument("--alternatives", type=int, default=4)

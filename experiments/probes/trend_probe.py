@@ -91,8 +91,7 @@ def teacher_with(model: HistGradientBoostingClassifier, columns: list[int], tau:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__)
-    parser.add_argument("--fm", type=Path, help="exported FM predictor (default: the profile's)")
+    parser = probe_parser(__doc__, fm=True)
     parser.add_argument("--trend-window", type=int, default=8)
     parser.add_argument("--probe-points", type=int, help="judge tasks after this many points "
                         "(default: the profile's [env] probe_points)")

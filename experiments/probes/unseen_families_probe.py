@@ -135,9 +135,7 @@ def heldout_bank(frame: pd.DataFrame, curves: CurveSet, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__)
-    parser.add_argument("--roots", type=int, default=5)
-    parser.add_argument("--episodes-per-root", type=int, default=8)
+    parser = probe_parser(__doc__, roots=True)
     parser.add_argument("--crossing-scales", default="1",
                         help="comma-separated factors on FM's sampled crossings, each tried with every candidate")
     parser.add_argument("--sampler-seeds", default="",

@@ -245,7 +245,7 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = probe_parser(__doc__, replay=True)
+    parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--loads", default="0.04")
     parser.add_argument("--planners", default="served,kept", help=f"of {', '.join(PLANNERS)}, comma-separated")
