@@ -64,11 +64,11 @@ def ray_local() -> Iterator[None]:
     ray.shutdown()
 
 
-_SESSION_STATUS: dict[str, int] = {}
+SESSION_STATUS = pytest.StashKey[int]()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _SESSION_STATUS["status"] = int(exitstatus)
+    session.config.stash[SESSION_STATUS] = int(exitstatus)
 
 
 @pytest.hookimpl(trylast=True)
@@ -78,10 +78,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     Native threads of the libraries under test (Ray's core worker and gRPC, torch's pools)
     can crash while CPython finalises them, after every test has passed and been reported:
     the status would then say "segmentation fault" about a green run. The verdict is the
-    session's, taken in `pytest_sessionfinish`; a crash during a test still fails it.
+    session's, kept by `pytest_sessionfinish`; a crash during a test still fails it.
     """
-    if "status" not in _SESSION_STATUS:
+    if SESSION_STATUS not in config.stash:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(_SESSION_STATUS["status"])
+    os._exit(config.stash[SESSION_STATUS])
