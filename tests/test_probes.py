@@ -24,7 +24,7 @@ from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_fm.fm_model import FlowModel
 from mara_fm.predictors import FMPredictor
 from mara_rl.evaluate import pooled_episodes
-from mara_rl.policy import export_policy, module_spec
+from mara_rl.policy import act, export_policy, load_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
 
 SMOKE = ["--profile", "smoke"]
@@ -443,3 +443,45 @@ def test_trend_probe(smoke_bank, fm_dir, tmp_path):
 def test_trend_probe_refuses_a_profile_that_does_not_judge_tasks(smoke_bank, fm_dir, tmp_path):
     with pytest.raises(ConfigError, match="probe_points"):
         run("trend_probe", smoke_bank, tmp_path, "--fm", str(fm_dir))
+
+
+def _policies(smoke_bank: Path, fm_dir: Path, tmp_path: Path, count: int) -> tuple[EnvConfig, list[Path]]:
+    """`count` untrained MAT policies of the smoke profile, distinct weights, FM inside, and their env."""
+    profile = Profile.load("smoke")
+    cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm_dir))
+    env_cfg = training_env(cfg, profile, smoke_bank)
+    paths = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        paths.append(export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / f"policy{seed}", env_cfg))
+    return env_cfg, paths
+
+
+def test_an_ensemble_of_one_policy_acts_as_the_policy(smoke_bank, fm_dir, tmp_path):
+    ensemble_probe = probe("ensemble_probe")
+    env_cfg, paths = _policies(smoke_bank, fm_dir, tmp_path, 2)
+    first, second = (load_policy(p) for p in paths)
+    env = MultiNodeEnv(dataclasses.replace(env_cfg, strict=True))  # an invalid joint action raises
+    obs, _ = env.reset(seed=3)
+    seen = []
+    for _ in range(60):
+        seen.append(obs)
+        obs, *_ = env.step(ensemble_probe.ensemble_act([first, second], {k: v[None] for k, v in obs.items()})[0])
+    batch = {k: np.stack([o[k] for o in seen]) for k in seen[0]}
+    assert np.array_equal(ensemble_probe.ensemble_act([first], batch), act(first, batch))
+    assert np.array_equal(ensemble_probe.ensemble_act([first, first], batch), act(first, batch))
+    assert not np.array_equal(act(first, batch), act(second, batch))  # the two members differ
+
+
+def test_ensemble_probe(smoke_bank, fm_dir, tmp_path):
+    a, b, c, d = (str(p) for p in _policies(smoke_bank, fm_dir, tmp_path, 4)[1])
+    path = run("ensemble_probe", smoke_bank, tmp_path, "--groups", f"e0={a}+{b},e1={c}+{d}", "--rules", "edf,lara",
+               "--roots", "1", "--episodes-per-root", "2", "--first-root", "1", "--fm", str(fm_dir))
+    groups, versus = tables(path)
+    assert [row[:2] for row in groups] == [["e0", "2"], ["e1", "2"]]
+    for _, _, together, alone, gain in groups:
+        members = [percent(x) for x in alone.split(" / ")]
+        assert number(gain) == pytest.approx(percent(together) - np.mean(members), abs=0.011)
+    assert [row[0] for row in versus] == ["edf", "lara"]
+    with pytest.raises(ConfigError, match="should be NAME=POLICY_DIR"):
+        probe("ensemble_probe").main([*SMOKE, "--bank", str(smoke_bank), "--groups", "e0", "--out", str(tmp_path)])
