@@ -17,7 +17,7 @@ import torch
 from experiments.probes import common, select_predictor
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
-from mara_env.env import EnvConfig, MultiNodeEnv
+from mara_env.env import PENDING, EnvConfig, MultiNodeEnv
 from mara_env.registry import ALLOCATORS
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import make_queries, reference_curves
@@ -368,6 +368,16 @@ def test_worlds_probe(smoke_bank, fm_dir, tmp_path):
     assert len(rows) == 1 and len(rows[0]) == 8 and all(0 <= percent(c) for c in rows[0][1:])
 
 
+def test_worlds_probe_told_the_true_demand(smoke_bank, fm_dir, tmp_path):
+    path = run("worlds_probe", smoke_bank, tmp_path, "--roots", "1", "--episodes-per-root", "1", "--exact",
+               "--no-arrivals-ahead", "--fm", str(fm_dir), "--planners", "hindsight")
+    assert "forecasts exact" in path.read_text() and "not in the worlds" in path.read_text()
+    (rows,) = tables(path)
+    assert len(rows) == 1 and len(rows[0]) == 5 and all(0 <= percent(c) for c in rows[0][1:])
+    with pytest.raises(SystemExit):  # the sampled-world planners read FM: not with --exact
+        run("worlds_probe", smoke_bank, tmp_path, "--exact", "--planners", "rollout", "--fm", str(fm_dir))
+
+
 @pytest.mark.parametrize("cluster", [False, True])
 def test_a_world_at_the_true_crossings_plays_as_the_episode_does(smoke_bank, cluster):
     """The rollout planner's world, built from every task's true crossing and read by the
@@ -386,8 +396,13 @@ def test_a_world_at_the_true_crossings_plays_as_the_episode_does(smoke_bank, clu
     while not done:
         _, _, done, _, _ = copy.step(action)
         action = teacher.act(copy.scheduler_view())
-    played = worlds.World(env, worlds.truth(env), {}).play(teacher, first, set())
-    assert played == copy.stats["successes"] - before > 0
+    full = worlds.World(env, worlds.truth(env), {})
+    assert full.play(teacher, first, set()) == copy.stats["successes"] - before > 0
+    # A world without later arrivals: the tasks still to come never arrive in it.
+    later = env.arrival > env.t
+    alone = worlds.World(env, worlds.truth(env), {}, arrivals=False)
+    alone.play(teacher, first, set())
+    assert (full.env.status[later] != PENDING).any() and (alone.env.status[later] == PENDING).all()
 
 
 def test_rollout_probe(smoke_bank, fm_dir, tmp_path):

@@ -19,20 +19,29 @@ A world draws, for every task past its warm-up, one of FM's M sampled crossings
   the decision (minus the batches served since) for tasks already forecast, and
   the world's demand for the others. A task the planner drops stays dropped.
   Tasks still in warm-up draw their demand from the true demands of training
-  tasks. Future arrivals are the episode's own (a leak in the planner's favour).
+  tasks. Future arrivals are the episode's own (a leak in the planner's favour),
+  or none with `--no-arrivals-ahead`.
   `hindsight` is the same planner in the one true world, the teacher reading the
   true demand in it: what the search finds when it knows everything.
+
+`--exact` runs every row in an env that reads the true demand (the `oracle`
+predictor), so the rules are told it. `hindsight` with `--no-arrivals-ahead` is
+then one step of policy iteration over the told teacher that uses nothing the
+told rules do not see: how much better a policy with their information could
+decide.
 
 Validation episodes only.
 
     python -m experiments.probes.worlds_probe --worlds 16 --loads 0.04,0.07
     python -m experiments.probes.worlds_probe --planners rollout,hindsight --worlds 8 [--profile cluster]
+    python -m experiments.probes.worlds_probe --planners hindsight --exact --no-arrivals-ahead --profile cluster
 
 Writes experiments/probes/results/worlds_probe.md, or into --out.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -170,11 +179,15 @@ def sampled_worlds(env: MultiNodeEnv, fm: FMPredictor, worlds: int, prior: np.nd
 class World:
     """A copy of an env whose present tasks reach ε at the crossings `ends` (observations from
     their start); the teacher rolled out in it reads `frozen` forecasts (per task: median and
-    optimistic crossing, in observations from the start) where given, else the world's demand."""
+    optimistic crossing, in observations from the start) where given, else the world's demand.
+    With `arrivals` off, the tasks still to arrive never do (the planner is not told them)."""
 
-    def __init__(self, env: MultiNodeEnv, ends: np.ndarray, frozen: dict[int, tuple[float, float]]) -> None:
+    def __init__(self, env: MultiNodeEnv, ends: np.ndarray, frozen: dict[int, tuple[float, float]],
+                 arrivals: bool = True) -> None:
         self.env, self.ends, self.frozen = env.clone(), ends, frozen
         c = self.env
+        if not arrivals:  # the world holds no task that arrives after the decision
+            c.next_arrival = len(c.arrival)
         c.task_avg = c.task_avg.copy()
         present = np.flatnonzero((c.status == ACTIVE) | (c.status == WAITING))
         for k in present.tolist():
@@ -205,8 +218,9 @@ class World:
 
 
 def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta: float,
-                   prior: np.ndarray, seed: int = 0) -> BatchDecide:
-    """The rollout planner of the module docstring; `fm` None: in the true world (hindsight)."""
+                   prior: np.ndarray, seed: int = 0, arrivals: bool = True) -> BatchDecide:
+    """The rollout planner of the module docstring; `fm` None: in the true world (hindsight);
+    `arrivals` off: its worlds hold no later arrivals."""
     teacher = ALLOCATORS[TEACHER]()
     rng = np.random.default_rng(seed)
     dropped: dict[tuple[int, int], set[int]] = {}
@@ -227,7 +241,7 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta
                     ends = sampled_worlds(env, fm, worlds, prior, rng)
                     frozen = {k: (env.pred[k] + env.n_obs[k], env.pred_low[k] + env.n_obs[k])
                               for k in np.flatnonzero(env.n_obs >= WARMUP_POINTS).tolist()}
-                scores = np.array([[World(env, w, frozen).play(teacher, first, gone | {x} if kind == "drop" else gone)
+                scores = np.array([[World(env, w, frozen, arrivals).play(teacher, first, gone | {x} if kind == "drop" else gone)
                                     for first, (kind, x) in zip(firsts, [("keep", None), *options], strict=True)]
                                    for w in ends], np.float64)
                 gain = scores[:, 1:] - scores[:, :1]
@@ -252,15 +266,24 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--hold", type=int, default=10, help="the rollout planners' decision interval")
     parser.add_argument("--alternatives", type=int, default=3, help="swaps, and as many drops, per decision")
     parser.add_argument("--delta", type=float, default=0.25, help="least mean gain (successes) to deviate")
+    parser.add_argument("--exact", action="store_true",
+                        help="every row reads the true demand (the oracle predictor); planners: hindsight only")
+    parser.add_argument("--arrivals-ahead", action=argparse.BooleanOptionalAction, default=True,
+                        help="the rollout worlds hold the episode's later arrivals (off: none)")
     args = parser.parse_args(argv)
     planners = comma_list(args.planners, "--planners")
     if not planners or set(planners) - set(PLANNERS):
         parser.error(f"--planners: choose from {list(PLANNERS)}")
+    if args.exact and set(planners) != {"hindsight"}:
+        parser.error("--exact: the other planners read FM's samples; give --planners hindsight")
     profile = Profile.load(args.profile)
     fm = SampleKeepingFM(FMPredictor.load(args.fm or profile.paths.predictor))
-    lines = [f"Profile {profile.name}; rollout planners decide at events (H = {args.hold}), {args.worlds} worlds, "
-             f"{args.alternatives} swaps and drops, δ = {args.delta}.", "",
-             "| load | teacher | llf_fm | teacher held | " + " | ".join(planners) + " |",
+    source = "oracle" if args.exact else fm
+    worlds = "the true world" if args.exact else f"{args.worlds} worlds"
+    lines = [f"Profile {profile.name}; forecasts {'exact (the oracle predictor)' if args.exact else 'FM'}; rollout "
+             f"planners decide at events (H = {args.hold}), {worlds}, {args.alternatives} swaps and "
+             f"drops, δ = {args.delta}, later arrivals {'in' if args.arrivals_ahead else 'not in'} the worlds.", "",
+             "| load | teacher | llf | teacher held | " + " | ".join(planners) + " |",
              "|---|---|---|---|" + "---|" * len(planners)]
     with torch_threads(1):
         for load in comma_list(args.loads, "--loads", float):
@@ -268,15 +291,17 @@ def main(argv: list[str] | None = None) -> Path:
                                   task_set="id", arrival_prob=load)
             held = dataclasses.replace(cfg, decision_interval=args.hold)
             episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
-            row = [success(cfg, episodes, fm), success(cfg, episodes, fm, "llf"), success(held, episodes, fm)]
+            row = [success(cfg, episodes, source), success(cfg, episodes, source, "llf"),
+                   success(held, episodes, source)]
             prior = training_demands(cfg) if {"rollout", "hindsight"} & set(planners) else np.zeros(0)
             for planner in planners:
                 if planner in ("served", "kept"):
                     env, decide = cfg, worlds_decide(fm, args.worlds, planner)
                 else:
                     env, decide = held, rollout_decide(fm if planner == "rollout" else None, args.worlds,
-                                                       args.alternatives, args.delta, prior)
-                outs = replay_in_lockstep(dataclasses.replace(env, predictor=fm), episodes, decide)
+                                                       args.alternatives, args.delta, prior,
+                                                       arrivals=args.arrivals_ahead)
+                outs = replay_in_lockstep(dataclasses.replace(env, predictor=source), episodes, decide)
                 row.append(100 * float(np.mean([o["success_rate"] for o in outs])))
                 print(f"[worlds] load {load} {planner}: {row[-1]:.2f}", flush=True)
             lines.append(f"| {load} | " + " | ".join(f"{r:.2f}" for r in row) + " |")
