@@ -19,6 +19,7 @@ Writes experiments/probes/results/ensemble_probe[_<profile>].md, or into --out.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,7 +75,7 @@ def interval(a: dict, b: np.ndarray) -> str:
     return f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
 
 
-def main(argv: list[str] | None = None):
+def main(argv: list[str] | None = None) -> Path:
     parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--groups", required=True, help="ensembles NAME=POLICY_DIR+POLICY_DIR+..., comma-separated")
     parser.add_argument("--rules", default="lara_fm_optimistic_held,llf_fm_held",
