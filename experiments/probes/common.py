@@ -16,6 +16,7 @@ from mara_env.workload import Episode
 from mara_fm.predictors import Predictor
 from mara_rl.methods import classic
 from mara_rl.scheduler_config import scheduler_config, training_env
+from mara_rl.stats import PairedDifference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -65,3 +66,8 @@ def success(cfg: EnvConfig, episodes: list[Episode], predictor: str | Predictor,
     """Mean success (%) of allocator `planner` on `episodes`, its env fed by `predictor`."""
     outs = replay_in_lockstep(dataclasses.replace(cfg, predictor=predictor), episodes, classic(planner)())
     return 100 * float(np.mean([o["success_rate"] for o in outs]))
+
+
+def difference_text(diff: PairedDifference) -> str:
+    """A paired difference as the probes' tables show it: mean [low, high], signed, 2 decimals."""
+    return f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from ray.rllib.core.columns import Columns
 
-from experiments.probes.common import probe_parser, save_table, table_name
+from experiments.probes.common import difference_text, probe_parser, save_table, table_name
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.paths import normal_path
@@ -71,8 +71,7 @@ def success(method: Method, base: EnvConfig, episodes: list[list[Episode]]) -> n
 
 
 def interval(a: dict, b: np.ndarray) -> str:
-    diff = hierarchical_bootstrap(difference_matrix(a, {None: b}))
-    return f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
+    return difference_text(hierarchical_bootstrap(difference_matrix(a, {None: b})))
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.probes.common import (
+    difference_text,
     probe_parser,
     save_table,
     table_name,
@@ -144,8 +145,7 @@ def main(argv: list[str] | None = None) -> Path:
             if q == args.reference:
                 versus = "—"
             else:
-                diff = hierarchical_bootstrap(rates - per[rule][args.reference])
-                versus = f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]"
+                versus = difference_text(hierarchical_bootstrap(rates - per[rule][args.reference]))
             lines.append(f"| {rule} | {q:g} | {round(q * (fm.samples - 1))} | {rates.mean():.2f} | "
                          + " / ".join(f"{r:.2f}" for r in rates.mean(axis=1)) + f" | {versus} |")
     if len(draws) > 1:
