@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> Path:
     if args.exact and set(planners) != {"hindsight"}:
         parser.error("--exact: the other planners read FM's samples; give --planners hindsight")
     profile = Profile.load(args.profile)
-    fm = SampleKeepingFM(FMPredictor.load(args.fm or profile.paths.predictor))
+    # With --exact nothing reads FM (hindsight plans in the true world): it is not loaded.
+    fm = None if args.exact else SampleKeepingFM(FMPredictor.load(args.fm or profile.paths.predictor))
     source = "oracle" if args.exact else fm
     worlds = "the true world" if args.exact else f"{args.worlds} worlds"
     lines = [f"Profile {profile.name}; forecasts {'exact (the oracle predictor)' if args.exact else 'FM'}; rollout "
