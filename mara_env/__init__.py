@@ -1,12 +1,13 @@
 """Stage two's world: the multi-node simulator, workloads and classic allocators."""
 
-from gymnasium.envs.registration import register, registry
+import gymnasium
+from gymnasium.envs.registration import register
 
 from mara_env.env import EnvConfig, MultiNodeEnv
 
 ENV_ID = "mara_env/MultiNode-v0"
 
-if ENV_ID not in registry:
+if ENV_ID not in gymnasium.registry:  # (`mara_env.registry` is the allocators' own)
     register(id=ENV_ID, entry_point="mara_env.env:MultiNodeEnv",
              vector_entry_point="mara_env.vector:PooledVectorEnv", disable_env_checker=True)
 

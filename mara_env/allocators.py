@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from mara_env.env import SlotView
+from mara_env.slot_view import SlotView
 from mara_fm.predictors import WARMUP_POINTS
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from mara_common.config import check_config, setting
+from mara_common.config import ConfigError, check_config, setting
 from mara_common.paths import ProjectPaths
 from mara_env.cluster import ClusterConfig, node_batches
+from mara_env.registry import ALLOCATORS
+from mara_env.slot_view import SlotView
 from mara_env.workload import (
     BurstConfig,
     Episode,
@@ -45,7 +46,7 @@ HELD_COUNTS = ("successes", "expirations", "rejections")
 BASE_SLOT_FEATURES = 4  # present, predicted remaining, time to deadline, warm-up fraction
 # The EnvConfig options that add slot features or change when allocators decide: a policy runs
 # in an env with the values it was trained with, and each evaluated method names its own.
-VIEW_OPTIONS = ("optimistic_quantile", "probe_points", "decision_interval", "trend_window")
+VIEW_OPTIONS = ("optimistic_quantile", "probe_points", "decision_interval", "trend_window", "rule_hint")
 # With `EnvConfig.cluster` enabled: per slot, the restore cost r_k and the restore steps left
 # (each / restore_hi) and the speed of the node that served it at the last step (/ the fastest;
 # 0: none), so every node can see which tasks another node holds; per node, its speed / the
@@ -111,6 +112,11 @@ class EnvConfig:
     # reachable, or a falling one hopeless, can be told apart from one its trend agrees with.
     trend_window: int | None = setting(None, ge=2, help="show each task's progress and its trend over "
                                        "the last W observations projected to the deadline")
+    # An addition to the paper (docs/design.md §7, "Rule hint"): the observation also carries the
+    # joint action this allocator (a name of `mara_env.registry.ALLOCATORS`) would take now, as
+    # `rule_action` (N,), and the MAT adds a learned bonus to each node's logit for it: a
+    # residual policy that starts at the rule and learns where to leave it. None: not shown.
+    rule_hint: str | None = setting(None, help="also show the joint action this allocator would take")
     # Node speeds and restore costs (docs/design.md §10; `mara_env.cluster`). Off by default.
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # An addition to the paper (docs/design.md §7, "Privileged critic"): the observation also carries what the
@@ -124,6 +130,9 @@ class EnvConfig:
         """Every count, share and range checked here, naming the field (ConfigError, a ValueError);
         `workload` and `burst` may be given as dicts of their settings."""
         check_config(self)
+        if self.rule_hint is not None and self.rule_hint not in ALLOCATORS:
+            raise ConfigError(f"EnvConfig.rule_hint: unknown allocator {self.rule_hint!r}; "
+                              f"known: {sorted(ALLOCATORS)}")
 
     @classmethod
     def from_overrides(cls, **overrides: Any) -> EnvConfig:
@@ -161,7 +170,7 @@ class EnvConfig:
     def spaces(self) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
         """This config's observation and action spaces."""
         return make_spaces(self.n_nodes, self.n_slots, self.slot_features, self.node_features,
-                           self.critic_features)
+                           self.critic_features, self.rule_hint is not None)
 
 
 @functools.lru_cache(maxsize=16)
@@ -178,11 +187,12 @@ def load_curves(bank: str | Path, task_set: str, split: str) -> CurveSet:
 
 
 def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATURES, node_features: int = 0,
-                critic: bool = False) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
+                critic: bool = False, rule_hint: bool = False) -> tuple[spaces.Dict, spaces.MultiDiscrete]:
     """Observation and action spaces of an env with N nodes, K slots and F features per slot;
     with node features, also `nodes` (N, F_node) and `node_last` (N,): the slot each node
     served at the last step, as an action (0: none, or that task has left); with `critic`,
-    also `critic_slots` (K, 2) and `critic_globals` (5,)."""
+    also `critic_slots` (K, 2) and `critic_globals` (5,); with `rule_hint`, also `rule_action` (N,):
+    an allocator's joint action for this state."""
     parts = {
         "slots": spaces.Box(0.0, 1.0, (n_slots, slot_features), np.float32),
         "globals": spaces.Box(0.0, 1.0, (4,), np.float32),
@@ -194,6 +204,8 @@ def make_spaces(n_nodes: int, n_slots: int, slot_features: int = BASE_SLOT_FEATU
     if critic:
         parts["critic_slots"] = spaces.Box(0.0, 1.0, (n_slots, CRITIC_SLOT_FEATURES), np.float32)
         parts["critic_globals"] = spaces.Box(0.0, 1.0, (CRITIC_GLOBALS,), np.float32)
+    if rule_hint:
+        parts["rule_action"] = spaces.Box(0, n_slots, (n_nodes,), np.int64)
     return spaces.Dict(parts), spaces.MultiDiscrete(np.full(n_nodes, n_slots + 1, dtype=np.int64))
 
 
@@ -241,6 +253,7 @@ class MultiNodeEnv(gym.Env):
         self.relative_speeds = self.speeds / self.speeds.max()  # as the observation shows them
         self.episode: Episode | None = None
         self.resets = 0  # with id(self), names the episode to allocators that keep state
+        self.hint_rule = ALLOCATORS[config.rule_hint]() if config.rule_hint is not None else None
 
     # ------------------------------------------------------------------ episode
 
@@ -602,6 +615,8 @@ class MultiNodeEnv(gym.Env):
             obs["node_last"] = self.node_slots() + 1
         if self.cfg.critic_features:
             obs.update(self.critic_view())
+        if self.hint_rule is not None:
+            obs["rule_action"] = np.asarray(self.hint_rule.act(self.scheduler_view()), np.int64)
         return obs
 
     def node_slots(self) -> np.ndarray:
@@ -662,39 +677,6 @@ class MultiNodeEnv(gym.Env):
             task=np.maximum(tasks, 0), env_key=(id(self), self.resets),
             eps=per_slot(self.eps), losses=lambda s: self.task_avg[tasks[s], :self.n_obs[tasks[s]]],
         )
-
-
-@dataclass(frozen=True)
-class SlotView:
-    """Per-slot state for allocators: arrival order, deadlines, observations, predictions."""
-
-    t: int
-    present: np.ndarray
-    arrival: np.ndarray
-    deadline: np.ndarray
-    observed: np.ndarray
-    predicted: np.ndarray
-    n_nodes: int
-    optimistic: np.ndarray | None = None  # with EnvConfig.optimistic_quantile only
-    probe_points: int | None = None  # EnvConfig.probe_points
-    # The cluster (`EnvConfig.cluster`): node speeds, the slot each node served last (-1: none),
-    # each slot's restore cost and restore steps left (the last three None when it is off).
-    speeds: np.ndarray | None = None
-    node_slot: np.ndarray | None = None
-    restore_cost: np.ndarray | None = None
-    restore_left: np.ndarray | None = None
-    # Each slot's task index in the episode, and the env's identity: for allocators that keep
-    # state about tasks across steps (admission control).
-    task: np.ndarray | None = None
-    env_key: tuple[int, int] = (0, 0)
-    # Each slot's threshold ε, and its observed cumulative-average losses (a peer fits them).
-    eps: np.ndarray | None = None
-    losses: Callable[[int], np.ndarray] | None = None
-
-    @property
-    def capacity(self) -> float:
-        """Batches the nodes serve per step together (N when every node has speed 1)."""
-        return float(self.speeds.sum()) if self.speeds is not None else float(self.n_nodes)
 
 
 def sample_episodes(config: EnvConfig, count: int, seed: int) -> list[Episode]:

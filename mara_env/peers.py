@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from mara_env.allocators import Allocator, can_meet_deadlines, placed_action
-from mara_env.env import SlotView
+from mara_env.slot_view import SlotView
 from mara_fm.predictors import WARMUP_POINTS
 
 

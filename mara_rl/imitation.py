@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from ray.rllib.core.columns import Columns
 
 from mara_env.allocators import LARA
-from mara_env.env import EnvConfig, MultiNodeEnv, SlotView, sample_episodes
+from mara_env.env import EnvConfig, MultiNodeEnv, sample_episodes
 from mara_env.registry import ALLOCATORS
+from mara_env.slot_view import SlotView
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_fm.predictors import OraclePredictor
 from mara_rl.mat_module import MASKED_LOGIT, MATModule

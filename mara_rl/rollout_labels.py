@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mara_env.env import MultiNodeEnv, SlotView
+from mara_env.env import MultiNodeEnv
 from mara_env.registry import ALLOCATORS
+from mara_env.slot_view import SlotView
 from mara_env.vector import BatchDecide, answer_queries, play_in_lockstep
 
 KINDS = ("swap", "drop")

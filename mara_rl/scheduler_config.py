@@ -17,6 +17,7 @@ from mara_common.config import ConfigError, check_config, setting
 from mara_common.paths import SCHEDULER_RUNS, normal_path
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
+from mara_env.registry import ALLOCATORS
 from mara_fm.build_bank import ensure_history_bank
 from mara_rl.imitation import TEACHERS
 from mara_rl.mat_module import MATConfig
@@ -43,6 +44,9 @@ class SchedulerConfig:
     trend_window: int | None = setting(None, ge=2, label="trend",
                                        help="the policy also sees each task's progress and its trend over "
                                        "the last N observations (EnvConfig.trend_window; unset: not shown)")
+    rule_hint: str | None = setting(None, choices=tuple(sorted(ALLOCATORS)), label="hint",
+                                    help="the policy also sees this allocator's joint action and starts from it "
+                                    "(EnvConfig.rule_hint, a residual policy; unset: not shown)")
     critic: str = setting("shared", choices=CRITICS, label="",
                           help="value function: on the policy's encoder (shared), or its own encoder that "
                           "also reads the true demand of tasks and arrivals (privileged; training only)")
@@ -157,8 +161,10 @@ def default_out(profile: Profile, cfg: SchedulerConfig) -> Path:
 
 def training_env(cfg: SchedulerConfig, profile: Profile, bank: Path) -> EnvConfig:
     """The env a scheduler trains in: the profile's `[env]` on ID train, with this run's
-    predictor, β, burst share, decision interval, trend and critic features (the rules of the evaluation keep `[env]`'s)."""
-    shown = {name: getattr(cfg, name) for name in ("decision_interval", "trend_window") if getattr(cfg, name)}
+    predictor, β, burst share, decision interval, trend, rule hint and critic features (the
+    rules of the evaluation keep `[env]`'s)."""
+    shown = {name: getattr(cfg, name) for name in ("decision_interval", "trend_window", "rule_hint")
+             if getattr(cfg, name)}
     return profile.section(EnvConfig, "env", bank=normal_path(bank), predictor=cfg.predictor_spec(),
                            beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob,
                            critic_features=cfg.critic == "privileged", **shown)

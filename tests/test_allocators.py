@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from mara_env.allocators import can_meet_deadlines
-from mara_env.env import EnvConfig, MultiNodeEnv, SlotView, load_curves
+from mara_env.env import EnvConfig, MultiNodeEnv, load_curves
 from mara_env.registry import ALLOCATORS
+from mara_env.slot_view import SlotView
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import oracle_successes, stress_episode
 

@@ -186,6 +186,11 @@ def test_flags_come_from_the_config_and_name_the_run_folder() -> None:
     env = training_env(cfg, SMOKE, SMOKE.paths.bank)
     assert env.trend_window == 8 and env.critic_features and not training_env(
         scheduler_config(SMOKE), SMOKE, SMOKE.paths.bank).critic_features
+    cfg = scheduler_config(SMOKE, rule_hint="llf")
+    assert run_name(SMOKE, cfg) == "smoke-hintllf-seed0"
+    assert training_env(cfg, SMOKE, SMOKE.paths.bank).rule_hint == "llf"
+    with pytest.raises(ConfigError, match="rule_hint must be one of"):
+        scheduler_config(SMOKE, rule_hint="coin")
     # The history predictor trains on the profile's history bank (built on first use); a profile
     # without one is refused by name.
     cfg = scheduler_config(SMOKE, predictor="history")
@@ -228,7 +233,7 @@ def test_policy_refuses_a_predictor_changed_since_training(untrained_fm, tmp_pat
     policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", env_cfg)
     assert policy_env(policy) == {"predictor": spec, "optimistic_quantile": None, "probe_points": None,
                                   "decision_interval": None, "trend_window": None,
-                                  "cluster": dataclasses.asdict(ClusterConfig())}
+                                  "rule_hint": None, "cluster": dataclasses.asdict(ClusterConfig())}
     config = fm_dir / "config.json"
     config.write_text(config.read_text() + "\n")  # any change to the predictor's files
     with pytest.raises(ConfigError, match="has changed since this policy was trained"):
@@ -256,7 +261,7 @@ def test_policy_keeps_the_observation_layout_it_was_trained_with(smoke_bank: Pat
     policy = export_policy(trained, tmp_path / "policy", env_cfg)
     assert policy_env(policy) == {"predictor": "wls", "optimistic_quantile": 0.15, "probe_points": 12,
                                   "decision_interval": None, "trend_window": None,
-                                  "cluster": dataclasses.asdict(ClusterConfig())}
+                                  "rule_hint": None, "cluster": dataclasses.asdict(ClusterConfig())}
     loaded = load_policy(policy)
     assert loaded.slot_embed[0].in_features == 6
     obs, _ = MultiNodeEnv(env_cfg).reset(seed=0)
