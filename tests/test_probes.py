@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from experiments.probes import common, select_predictor
+from experiments.probes.rollout_probe import label_share
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import PENDING, EnvConfig, MultiNodeEnv
@@ -24,7 +25,9 @@ from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_fm.fm_model import FlowModel
 from mara_fm.predictors import FMPredictor
 from mara_rl.evaluate import pooled_episodes
+from mara_rl.mat_module import MATConfig
 from mara_rl.policy import act, export_policy, load_policy, module_spec
+from mara_rl.rollout_labels import RolloutLabeller
 from mara_rl.scheduler_config import scheduler_config, training_env
 
 SMOKE = ["--profile", "smoke"]
@@ -427,10 +430,39 @@ def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, 
     [rows] = tables(path)
     assert [row[0] for row in rows] == ["1", "2"]
     assert sum(int(row[2]) for row in rows) > 0
-    for _, labelled, judged, improved, score in rows:
+    for _, labelled, judged, improved, taken, score in rows:
         assert int(labelled) > int(judged) >= 0
         assert improved == "n/a" if judged == "0" else 0 <= percent(improved.rstrip("%"))
+        assert taken == "n/a" if improved in ("n/a", "0.0%") else all(
+            0 <= percent(x.strip().rstrip("%")) <= 100 for x in taken.split("/"))
         percent(score)
+
+
+def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir, tmp_path):
+    profile = Profile.load("smoke")
+    cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm_dir), decision_interval=5)
+    env_cfg = training_env(cfg, profile, smoke_bank)
+    policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
+    path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--episodes", "2",
+               "--share", "1", "--memorise", "3,300")
+    assert path.name == "rollout_memorise.md"
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["0", "3", "300"]
+    fitted = [percent(row[1].rstrip("%")) for row in rows]
+    assert fitted[-1] > fitted[0]  # fitting on them, the MAT takes more of the labels it was fitted on
+
+
+def test_label_share_counts_the_states_where_the_mat_takes_the_label(smoke_bank):
+    env_cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1)
+    module = module_spec(env_cfg, MATConfig()).build().eval()
+    env = MultiNodeEnv(env_cfg)
+    states = [env.reset(seed=s)[0] for s in range(3)]
+    own = RolloutLabeller("edf", 1, 1.0, seed=0)
+    own.improved = [(o, act(module, o)) for o in states]
+    assert label_share(module, own) == 1.0
+    other = RolloutLabeller("edf", 1, 1.0, seed=0)
+    other.improved = [(o, (act(module, o) + 1) % (env_cfg.n_slots + 1)) for o in states]
+    assert label_share(module, other) == 0.0
 
 
 def test_hold_probe(smoke_bank, fm_dir, tmp_path):

@@ -23,7 +23,13 @@ With `--policy DIR` (a MAT trained with decisions at events, e.g. a run's
 reaches itself (`mara_rl.rollout_labels.RolloutLabeller`, ID training
 episodes), round after round, and validates it after each round as the
 trainer does (greedy, its 128 ID val episodes); `--weight W` repeats every
-state where a candidate beat the teacher W times in the fit.
+state where a candidate beat the teacher W times in the fit. At those states
+it also reports how often the MAT's greedy joint action is the label, before
+the round's fit and after it: whether the MAT learns the labels at all, and
+whether what it learned carries to states it was not fitted on. With
+`--memorise E1,E2,...` it labels two disjoint sets of `--episodes` training
+episodes instead, fits copies of the MAT to the first set's improved states
+alone for each epoch count, and reports the label taken on both sets.
 
 Validation curves only (ID val) for the figures. Run from the project root:
 
@@ -37,6 +43,7 @@ rollout_fit.md), or into --out.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -52,6 +59,7 @@ from mara_env.env import EnvConfig, MultiNodeEnv
 from mara_env.vector import replay_in_lockstep
 from mara_rl.evaluate import pooled_episodes
 from mara_rl.imitation import Demonstrations, demonstrations, imitate
+from mara_rl.mat_module import MATModule
 from mara_rl.policy import act, load_policy, policy_env
 from mara_rl.rollout_labels import KINDS, RolloutLabeller, blind_teacher, candidates, judge
 from mara_rl.scheduler_config import scheduler_config, training_env
@@ -94,14 +102,29 @@ def improved_rows(module: torch.nn.Module, labeller: RolloutLabeller) -> Demonst
     return Demonstrations(obs=obs, actions=actions, returns=values.float())
 
 
+def label_share(module: torch.nn.Module, labeller: RolloutLabeller) -> float:
+    """How often the MAT's greedy joint action is the label at the states where a candidate beat
+    the teacher (NaN if there were none): does it take the better action there?"""
+    if not labeller.improved:
+        return float("nan")
+    obs = {k: np.stack([o[k] for o, _ in labeller.improved]) for k in labeller.improved[0][0]}
+    labels = np.stack([a for _, a in labeller.improved])
+    return float(np.mean(np.all(act(module, obs) == labels, axis=1)))
+
+
+def policy_training_env(profile: Profile, args: argparse.Namespace) -> tuple[MATModule, EnvConfig]:
+    """The MAT of `--policy` and the training env it runs in (its predictor and view options)."""
+    trained = policy_env(args.policy)
+    cluster = trained.pop("cluster")
+    env = dataclasses.replace(training_env(scheduler_config(profile), profile, args.bank or profile.paths.bank),
+                              **trained, cluster=ClusterConfig(**cluster))
+    return load_policy(args.policy), env
+
+
 def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
     """Rounds of rollout labels on the MAT's own states, each followed by a refit and a validation."""
-    module = load_policy(args.policy)
-    trained = policy_env(args.policy)  # the env the policy runs in: its predictor and view options
-    cluster = trained.pop("cluster")
+    module, env = policy_training_env(profile, args)
     cfg = scheduler_config(profile)
-    env = dataclasses.replace(training_env(cfg, profile, args.bank or profile.paths.bank), **trained,
-                              cluster=ClusterConfig(**cluster))
     # Fixed offsets from --seed: the teacher's demonstrations, each round's labeller and training
     # episodes, and each refit draw apart (the figures in docs/decisions.md are --seed 0's).
     demos = demonstrations(env, TEACHER, cfg.imitation_episodes, args.seed + 7)
@@ -109,19 +132,52 @@ def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
     lines = [f"# Fitting the MAT to rollout labels ({args.policy}, decisions at events every "
              f"<= {env.decision_interval} steps)", "",
              f"Validation: {cfg.eval_episodes} ID val episodes, greedy; before the first round {100 * start:.2f}%.",
-             "", "| round | rows | states judged | a candidate beat the teacher | validation % |", "|---|---|---|---|---|"]
+             "", "At the states where a candidate beat the teacher, the share where the MAT's greedy joint "
+             "action is that candidate: before the round's fit (states it has not been fitted on) and after.",
+             "", "| round | rows | states judged | a candidate beat the teacher | label taken before / after the fit "
+             "| validation % |", "|---|---|---|---|---|---|"]
     for r in range(1, args.rounds + 1):
         labeller = RolloutLabeller(TEACHER, args.alternatives // 2, args.share, seed=args.seed + 99 + r)
         rows = demonstrations(env, labeller, args.episodes, args.seed + 4900 + 100 * r,
                               driver=lambda obs, envs: act(module, obs))
         demos = demos + rows
+        before = label_share(module, labeller)
         for _ in range(args.weight - 1 if labeller.improved else 0):
             demos = demos + improved_rows(module, labeller)
         imitate(module, demos, cfg.imitation_dagger_epochs, cfg.imitation_lr, args.seed + 10 + r)
         score = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
         gains = np.array(labeller.gains)
         improved = f"{100 * np.mean(gains > 0):.1f}%" if len(gains) else "n/a"
-        lines.append(f"| {r} | {len(rows)} | {len(gains)} | {improved} | {100 * score:.2f} |")
+        taken = f"{100 * before:.1f}% / {100 * label_share(module, labeller):.1f}%" if labeller.improved else "n/a"
+        lines.append(f"| {r} | {len(rows)} | {len(gains)} | {improved} | {taken} | {100 * score:.2f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def memorise(profile: Profile, args: argparse.Namespace) -> list[str]:
+    """Can the MAT learn the labels, and do they carry? Labels on its own states in two disjoint
+    sets of training episodes; copies fitted on the first set's improved states alone."""
+    module, env = policy_training_env(profile, args)
+    cfg = scheduler_config(profile)
+    sets = []
+    for k in range(2):
+        labeller = RolloutLabeller(TEACHER, args.alternatives // 2, args.share, seed=args.seed + 500 + k)
+        demonstrations(env, labeller, args.episodes, args.seed + 9000 + 1000 * k,
+                       driver=lambda obs, envs: act(module, obs))
+        if not labeller.improved:
+            raise ValueError(f"no candidate beat the teacher in label set {k}: use more --episodes")
+        sets.append(labeller)
+    lines = [f"# Fitting the MAT to rollout labels alone ({args.policy})", "",
+             f"Improved states: {len(sets[0].improved)} in the fitted set, {len(sets[1].improved)} in the "
+             f"held-out one ({args.episodes} training episodes each). Label taken: the share of them where "
+             "the MAT's greedy joint action is the label.", "",
+             "| fit epochs | label taken, fitted set | label taken, held-out set |", "|---|---|---|"]
+    rows = improved_rows(module, sets[0])
+    for epochs in [0, *args.memorise]:
+        fitted = copy.deepcopy(module)
+        if epochs:
+            imitate(fitted, rows, epochs, cfg.imitation_lr, args.seed + 1)
+        lines.append(f"| {epochs} | {100 * label_share(fitted, sets[0]):.1f}% | {100 * label_share(fitted, sets[1]):.1f}% |")
         print(lines[-1], flush=True)
     return lines
 
@@ -136,9 +192,14 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--episodes", type=int, default=32, help="training episodes per round")
     parser.add_argument("--weight", type=int, default=1, help="repeats of each improved state in the fit")
+    parser.add_argument("--memorise", type=lambda text: [int(x) for x in text.split(",")],
+                        help="with --policy: instead of rounds, fit the MAT to the improved states of one "
+                        "label set alone for these epoch counts (e.g. 20,100,300), see above")
     args = parser.parse_args(argv)
     torch_threads(1)
     profile = Profile.load(args.profile)
+    if args.policy and args.memorise:
+        return save_table(memorise(profile, args), args.out, "rollout_memorise.md")
     if args.policy:
         return save_table(fit(profile, args), args.out, "rollout_fit.md")
     fm = (args.fm or profile.paths.predictor).resolve()
