@@ -452,6 +452,32 @@ def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir,
     assert fitted[-1] > fitted[0]  # fitting on them, the MAT takes more of the labels it was fitted on
 
 
+def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
+    """On a loaded smoke cluster the told search leaves the teacher; the hinted MAT starts at the
+    teacher, so it copies the search only where the search keeps to it, until it is fitted."""
+    toml = tmp_path / "smoke-cluster.toml"
+    toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
+                    'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
+    profile = Profile.load(str(toml))
+    cfg = scheduler_config(profile, predictor="oracle", decision_interval=5, rule_hint="lara_optimistic")
+    env_cfg = training_env(cfg, profile, smoke_bank)
+    policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
+    path = probe("search_clone_probe").main(["--profile", str(toml), "--bank", str(smoke_bank), "--out", str(tmp_path),
+                                             "--policy", str(policy), "--episodes", "3", "--held-out", "2",
+                                             "--epochs", "30"])
+    [rows] = tables(path)
+    assert [row[0] for row in rows] == ["0", "30"]
+    deviates = [percent(x.strip().rstrip("%")) for x in rows[0][1].split("/")]
+    assert all(0 < x <= 100 for x in deviates)
+    taken = [[percent(row[k].rstrip("%")) for k in (2, 3, 4)] for row in rows]
+    assert taken[0][2] > 90 and taken[1][0] > taken[0][0]
+    percent(rows[1][-1])
+    unhinted_cfg = training_env(scheduler_config(profile, predictor="oracle"), profile, smoke_bank)
+    unhinted = export_policy(module_spec(unhinted_cfg, cfg.mat).build(), tmp_path / "plain", unhinted_cfg)
+    with pytest.raises(ConfigError, match="needs a MAT trained with --rule-hint"):
+        run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(unhinted))
+
+
 def test_label_share_counts_the_states_where_the_mat_takes_the_label(smoke_bank):
     env_cfg = EnvConfig(bank=str(smoke_bank), split="test", arrival_prob=0.1)
     module = module_spec(env_cfg, MATConfig()).build().eval()

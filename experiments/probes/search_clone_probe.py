@@ -1,0 +1,111 @@
+"""Probe: can the MAT copy the told search on the search's own states?
+
+The rollout probe's labels are single deviations judged with hindsight, on the
+MAT's states; fitted to them the MAT memorises them and carries none to new
+states. Here the teacher is the search itself: the worlds probe's rollout
+planner in the true world (`rollout_decide` with no forecast, no later
+arrivals; decisions at events), which beats the teacher by about 4 points on
+the cluster when every demand is exact. It plays `--episodes` ID training
+episodes and `--held-out` others; the MAT of `--policy` (a hinted MAT in the
+same env: `--rule-hint`, so a row where the search leaves the teacher is one
+whose label differs from the hint) is fitted to the first set's rows by
+behaviour cloning, and after each stage reports, on both sets, how often its
+greedy joint action is the search's where the search deviates and where it
+does not, and its validation as the trainer runs it (greedy, 128 ID val
+episodes). Rows the MAT cannot take (a drop leaves a node idle beside a
+waiting task, which its work-conserving mask refuses) are left out.
+
+    python -m experiments.probes.search_clone_probe --profile cluster \\
+        --policy artifacts/scheduler/RUN/warm_start_policy
+
+Writes experiments/probes/results/search_clone_probe.md, or into --out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+
+from experiments.probes.common import probe_parser, save_table
+from experiments.probes.rollout_probe import policy_training_env
+from experiments.probes.worlds_probe import rollout_decide
+from mara_common.config import ConfigError
+from mara_common.flags import comma_list
+from mara_common.profile import Profile
+from mara_common.threads import torch_threads
+from mara_rl.imitation import Demonstrations, demonstrations, imitate
+from mara_rl.mat_module import MASKED_LOGIT, MATModule
+from mara_rl.policy import act
+from mara_rl.scheduler_config import scheduler_config
+from mara_rl.train_scheduler import evaluate_policy
+
+
+def takeable(module: MATModule, demos: Demonstrations) -> Demonstrations:
+    """The rows whose joint action the MAT's masks allow."""
+    with torch.no_grad():
+        out = module.forward_train({Columns.OBS: demos.obs, Columns.ACTIONS: demos.actions})
+    logits = out[Columns.ACTION_DIST_INPUTS].view(len(demos), module.n_nodes, -1)
+    keep = (logits.gather(-1, demos.actions[..., None]).squeeze(-1) > MASKED_LOGIT / 2).all(1)
+    return Demonstrations(obs={k: v[keep] for k, v in demos.obs.items()}, actions=demos.actions[keep],
+                          returns=demos.returns[keep])
+
+
+def taken(module: MATModule, demos: Demonstrations) -> tuple[float, float, float]:
+    """(share of rows where the search leaves the hint, share of those where the MAT's greedy joint
+    action is the search's, the same share on the other rows); NaN for a share of no rows."""
+    greedy = act(module, {k: v.numpy() for k, v in demos.obs.items()})
+    label, hint = demos.actions.numpy(), demos.obs["rule_action"].numpy()
+    deviates = ~np.all(label == hint, axis=1)
+    same = np.all(greedy == label, axis=1)
+    def share(rows: np.ndarray) -> float:
+        return float(same[rows].mean()) if rows.any() else float("nan")
+
+    return float(deviates.mean()), share(deviates), share(~deviates)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = probe_parser(__doc__)
+    parser.add_argument("--policy", type=Path, required=True, help="a hinted MAT (e.g. a run's warm_start_policy)")
+    parser.add_argument("--episodes", type=int, default=184, help="training episodes the search plays for the fit")
+    parser.add_argument("--held-out", type=int, default=24, help="other training episodes, never fitted")
+    parser.add_argument("--alternatives", type=int, default=3, help="the search's swaps, and as many drops")
+    parser.add_argument("--delta", type=float, default=0.25, help="the search's least gain to deviate")
+    parser.add_argument("--epochs", default="20,20", help="epochs of each fitting stage, comma-separated")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch_threads(1)
+    profile = Profile.load(args.profile)
+    module, env = policy_training_env(profile, args)
+    if env.rule_hint is None:
+        raise ConfigError(f"{args.policy}: the probe needs a MAT trained with --rule-hint")
+    cfg = scheduler_config(profile)
+    sets = []
+    for offset, count in ((0, args.episodes), (100_000, args.held_out)):
+        search = rollout_decide(None, 1, args.alternatives, args.delta, np.zeros(0), seed=args.seed + offset,
+                                arrivals=False)
+        sets.append(takeable(module, demonstrations(env, search, count, args.seed + 200_000 + offset)))
+    fitted, held = sets
+    lines = [f"# Cloning the told search ({args.policy})", "",
+             f"{len(fitted)} rows of {args.episodes} episodes fitted, {len(held)} rows of {args.held_out} held out. "
+             "Taken: the share of rows where the MAT's greedy joint action is the search's, where the search "
+             "leaves the hint / elsewhere.", "",
+             "| epochs | search leaves the hint (fitted / held out) | taken there, fitted | taken there, held out "
+             "| taken elsewhere, held out | validation % |", "|---|---|---|---|---|---|"]
+    total = 0
+    for stage, epochs in enumerate([0, *comma_list(args.epochs, "--epochs", int)]):
+        if epochs:
+            imitate(module, fitted, epochs, cfg.imitation_lr, args.seed + stage)
+        total += epochs
+        (dev_f, on_f, _), (dev_h, on_h, off_h) = taken(module, fitted), taken(module, held)
+        score = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
+        share = [f"{100 * x:.1f}%" if x == x else "n/a" for x in (dev_f, dev_h, on_f, on_h, off_h)]
+        lines.append(f"| {total} | {share[0]} / {share[1]} | {share[2]} | {share[3]} | {share[4]} | {100 * score:.2f} |")
+        print(lines[-1], flush=True)
+    return save_table(lines, args.out, "search_clone_probe.md")
+
+
+if __name__ == "__main__":
+    main()
