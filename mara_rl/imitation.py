@@ -58,6 +58,11 @@ class Demonstrations:
     def __len__(self) -> int:
         return len(self.actions)
 
+    def rows(self, index: torch.Tensor) -> Demonstrations:
+        """The transitions at `index` (positions or a boolean mask)."""
+        return Demonstrations(obs={k: v[index] for k, v in self.obs.items()}, actions=self.actions[index],
+                              returns=self.returns[index])
+
     def __add__(self, other: Demonstrations) -> Demonstrations:
         return Demonstrations(obs={k: torch.cat([v, other.obs[k]]) for k, v in self.obs.items()},
                               actions=torch.cat([self.actions, other.actions]),
@@ -125,20 +130,32 @@ def demonstrations(env_cfg: EnvConfig, teacher: str | BatchDecide, episodes: int
     )
 
 
+def _chosen_logits(module: MATModule, demos: Demonstrations) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The teacher-forced pass over the demonstrated joint actions: (its output, each node's
+    logits (T, N, K+1), the logit of each node's demonstrated action (T, N))."""
+    out = module.forward_train({Columns.OBS: demos.obs, Columns.ACTIONS: demos.actions})
+    logits = out[Columns.ACTION_DIST_INPUTS].view(len(demos), module.n_nodes, -1)
+    return out, logits, logits.gather(-1, demos.actions.unsqueeze(-1)).squeeze(-1)
+
+
+def takeable(module: MATModule, demos: Demonstrations) -> torch.Tensor:
+    """Which transitions' joint actions the MAT's masks allow (T,): only those can be imitated."""
+    with torch.no_grad():
+        _, _, chosen = _chosen_logits(module, demos)
+    return (chosen > MASKED_LOGIT / 2).all(1)
+
+
 def _losses(module: MATModule, demos: Demonstrations, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(−log π of the teacher's joint actions, value MSE, per-node greedy agreement) on `rows`."""
-    obs = {k: v[rows] for k, v in demos.obs.items()}
-    actions = demos.actions[rows]
-    out = module.forward_train({Columns.OBS: obs, Columns.ACTIONS: actions})
-    logits = out[Columns.ACTION_DIST_INPUTS].view(len(rows), module.n_nodes, -1)
-    chosen = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    batch = demos.rows(rows)
+    out, logits, chosen = _chosen_logits(module, batch)
     if (chosen <= MASKED_LOGIT / 2).any():
         raise ValueError("the teacher took an action the MAT masks (a taken or empty slot, "
                          "or idle beside a waiting task); it cannot be imitated")
     nll = -(chosen - logits.logsumexp(-1)).sum(-1).mean()
-    values = module.compute_values({Columns.OBS: obs}, out.get(Columns.EMBEDDINGS))
-    value_mse = F.mse_loss(values, demos.returns[rows])
-    agreement = (logits.argmax(-1) == actions).float().mean()
+    values = module.compute_values({Columns.OBS: batch.obs}, out.get(Columns.EMBEDDINGS))
+    value_mse = F.mse_loss(values, batch.returns)
+    agreement = (logits.argmax(-1) == batch.actions).float().mean()
     return nll, value_mse, agreement
 
 

@@ -102,14 +102,19 @@ def improved_rows(module: torch.nn.Module, labeller: RolloutLabeller) -> Demonst
     return Demonstrations(obs=obs, actions=actions, returns=values.float())
 
 
-def label_share(module: torch.nn.Module, labeller: RolloutLabeller) -> float:
+def takes(module: MATModule, obs: dict[str, np.ndarray], labels: np.ndarray) -> np.ndarray:
+    """Per stacked state, whether the MAT's greedy joint action is the label."""
+    return np.all(act(module, obs) == labels, axis=1)
+
+
+def label_share(module: MATModule, labeller: RolloutLabeller) -> float:
     """How often the MAT's greedy joint action is the label at the states where a candidate beat
     the teacher (NaN if there were none): does it take the better action there?"""
     if not labeller.improved:
         return float("nan")
     obs = {k: np.stack([o[k] for o, _ in labeller.improved]) for k in labeller.improved[0][0]}
     labels = np.stack([a for _, a in labeller.improved])
-    return float(np.mean(np.all(act(module, obs) == labels, axis=1)))
+    return float(np.mean(takes(module, obs, labels)))
 
 
 def policy_training_env(profile: Profile, args: argparse.Namespace) -> tuple[MATModule, EnvConfig]:

@@ -26,40 +26,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
-from ray.rllib.core.columns import Columns
 
 from experiments.probes.common import probe_parser, save_table
-from experiments.probes.rollout_probe import policy_training_env
+from experiments.probes.rollout_probe import policy_training_env, takes
 from experiments.probes.worlds_probe import rollout_decide
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
-from mara_rl.imitation import Demonstrations, demonstrations, imitate
-from mara_rl.mat_module import MASKED_LOGIT, MATModule
-from mara_rl.policy import act
+from mara_rl.imitation import Demonstrations, demonstrations, imitate, takeable
+from mara_rl.mat_module import MATModule
 from mara_rl.scheduler_config import scheduler_config
 from mara_rl.train_scheduler import evaluate_policy
-
-
-def takeable(module: MATModule, demos: Demonstrations) -> Demonstrations:
-    """The rows whose joint action the MAT's masks allow."""
-    with torch.no_grad():
-        out = module.forward_train({Columns.OBS: demos.obs, Columns.ACTIONS: demos.actions})
-    logits = out[Columns.ACTION_DIST_INPUTS].view(len(demos), module.n_nodes, -1)
-    keep = (logits.gather(-1, demos.actions[..., None]).squeeze(-1) > MASKED_LOGIT / 2).all(1)
-    return Demonstrations(obs={k: v[keep] for k, v in demos.obs.items()}, actions=demos.actions[keep],
-                          returns=demos.returns[keep])
 
 
 def taken(module: MATModule, demos: Demonstrations) -> tuple[float, float, float]:
     """(share of rows where the search leaves the hint, share of those where the MAT's greedy joint
     action is the search's, the same share on the other rows); NaN for a share of no rows."""
-    greedy = act(module, {k: v.numpy() for k, v in demos.obs.items()})
     label, hint = demos.actions.numpy(), demos.obs["rule_action"].numpy()
     deviates = ~np.all(label == hint, axis=1)
-    same = np.all(greedy == label, axis=1)
+    same = takes(module, {k: v.numpy() for k, v in demos.obs.items()}, label)
     def share(rows: np.ndarray) -> float:
         return float(same[rows].mean()) if rows.any() else float("nan")
 
@@ -86,7 +72,8 @@ def main(argv: list[str] | None = None) -> Path:
     for offset, count in ((0, args.episodes), (100_000, args.held_out)):
         search = rollout_decide(None, 1, args.alternatives, args.delta, np.zeros(0), seed=args.seed + offset,
                                 arrivals=False)
-        sets.append(takeable(module, demonstrations(env, search, count, args.seed + 200_000 + offset)))
+        demos = demonstrations(env, search, count, args.seed + 200_000 + offset)
+        sets.append(demos.rows(takeable(module, demos)))
     fitted, held = sets
     lines = [f"# Cloning the told search ({args.policy})", "",
              f"{len(fitted)} rows of {args.episodes} episodes fitted, {len(held)} rows of {args.held_out} held out. "
