@@ -16,7 +16,7 @@ from typing import Any
 from mara_common.config import ConfigError, check_config, setting
 from mara_common.paths import SCHEDULER_RUNS, normal_path
 from mara_common.profile import Profile
-from mara_env.env import EnvConfig
+from mara_env.env import VIEW_OPTIONS, EnvConfig
 from mara_env.registry import ALLOCATORS
 from mara_fm.build_bank import ensure_history_bank
 from mara_rl.imitation import TEACHERS
@@ -163,8 +163,8 @@ def training_env(cfg: SchedulerConfig, profile: Profile, bank: Path) -> EnvConfi
     """The env a scheduler trains in: the profile's `[env]` on ID train, with this run's
     predictor, β, burst share, decision interval, trend, rule hint and critic features (the
     rules of the evaluation keep `[env]`'s)."""
-    shown = {name: getattr(cfg, name) for name in ("decision_interval", "trend_window", "rule_hint")
-             if getattr(cfg, name)}
+    shown = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+             if f.name in VIEW_OPTIONS and getattr(cfg, f.name)}
     return profile.section(EnvConfig, "env", bank=normal_path(bank), predictor=cfg.predictor_spec(),
                            beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob,
                            critic_features=cfg.critic == "privileged", **shown)
