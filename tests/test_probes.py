@@ -419,11 +419,16 @@ def test_rollout_probe(smoke_bank, fm_dir, tmp_path):
         assert (number(gain) > 0) == (improved > 0)
 
 
+def untrained_policy(profile: Profile, bank: Path, out: Path, **settings) -> Path:
+    """An untrained MAT exported for the training env of `profile` with these scheduler settings."""
+    cfg = scheduler_config(profile, **settings)
+    env_cfg = training_env(cfg, profile, bank)
+    return export_policy(module_spec(env_cfg, cfg.mat).build(), out, env_cfg)
+
+
 def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, tmp_path):
-    profile = Profile.load("smoke")
-    cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm_dir), decision_interval=5)
-    env_cfg = training_env(cfg, profile, smoke_bank)
-    policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
+    policy = untrained_policy(Profile.load("smoke"), smoke_bank, tmp_path / "policy", predictor="fm",
+                              fm_path=str(fm_dir), decision_interval=5)
     path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--rounds", "2", "--episodes", "1",
                "--share", "0.2", "--weight", "3")
     assert path.name == "rollout_fit.md"
@@ -439,10 +444,8 @@ def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, 
 
 
 def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir, tmp_path):
-    profile = Profile.load("smoke")
-    cfg = scheduler_config(profile, predictor="fm", fm_path=str(fm_dir), decision_interval=5)
-    env_cfg = training_env(cfg, profile, smoke_bank)
-    policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
+    policy = untrained_policy(Profile.load("smoke"), smoke_bank, tmp_path / "policy", predictor="fm",
+                              fm_path=str(fm_dir), decision_interval=5)
     path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--episodes", "2",
                "--share", "1", "--memorise", "3,300")
     assert path.name == "rollout_memorise.md"
@@ -459,9 +462,8 @@ def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
     toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
                     'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
     profile = Profile.load(str(toml))
-    cfg = scheduler_config(profile, predictor="oracle", decision_interval=5, rule_hint="lara_optimistic")
-    env_cfg = training_env(cfg, profile, smoke_bank)
-    policy = export_policy(module_spec(env_cfg, cfg.mat).build(), tmp_path / "policy", env_cfg)
+    policy = untrained_policy(profile, smoke_bank, tmp_path / "policy", predictor="oracle", decision_interval=5,
+                              rule_hint="lara_optimistic")
     path = probe("search_clone_probe").main(["--profile", str(toml), "--bank", str(smoke_bank), "--out", str(tmp_path),
                                              "--policy", str(policy), "--episodes", "3", "--held-out", "2",
                                              "--epochs", "30"])
@@ -472,8 +474,7 @@ def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
     taken = [[percent(row[k].rstrip("%")) for k in (2, 3, 4)] for row in rows]
     assert taken[0][2] > 90 and taken[1][0] > taken[0][0]
     percent(rows[1][-1])
-    unhinted_cfg = training_env(scheduler_config(profile, predictor="oracle"), profile, smoke_bank)
-    unhinted = export_policy(module_spec(unhinted_cfg, cfg.mat).build(), tmp_path / "plain", unhinted_cfg)
+    unhinted = untrained_policy(profile, smoke_bank, tmp_path / "plain", predictor="oracle")
     with pytest.raises(ConfigError, match="needs a MAT trained with --rule-hint"):
         run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(unhinted))
 
