@@ -457,7 +457,8 @@ def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir,
 
 def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
     """On a loaded smoke cluster the told search leaves the teacher; the hinted MAT starts at the
-    teacher, so it copies the search only where the search keeps to it, until it is fitted."""
+    teacher, so it copies the search only where the search keeps to it, until it is fitted; a
+    DAgger round adds the rows of the MAT's own episodes."""
     toml = tmp_path / "smoke-cluster.toml"
     toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
                     'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
@@ -466,14 +467,19 @@ def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
                               rule_hint="lara_optimistic")
     path = probe("search_clone_probe").main(["--profile", str(toml), "--bank", str(smoke_bank), "--out", str(tmp_path),
                                              "--policy", str(policy), "--episodes", "3", "--held-out", "2",
-                                             "--epochs", "30"])
+                                             "--epochs", "150", "--no-persist-drops", "--dagger-rounds", "1",
+                                             "--dagger-episodes", "2"])
     [rows] = tables(path)
-    assert [row[0] for row in rows] == ["0", "30"]
-    deviates = [percent(x.strip().rstrip("%")) for x in rows[0][1].split("/")]
+    assert [(row[0], row[1]) for row in rows] == [("bc", "0"), ("bc", "150"), ("d1", "300")]
+    fitted = [int(row[2]) for row in rows]
+    assert fitted[0] == fitted[1] < fitted[2]
+    deviates = [percent(x.strip().rstrip("%")) for x in rows[0][3].split("/")]
     assert all(0 < x <= 100 for x in deviates)
-    taken = [[percent(row[k].rstrip("%")) for k in (2, 3, 4)] for row in rows]
+    taken = [[percent(row[k].rstrip("%")) for k in (4, 5, 6)] for row in rows]
     assert taken[0][2] > 90 and taken[1][0] > taken[0][0]
-    percent(rows[1][-1])
+    percent(rows[2][-1])
+    with pytest.raises(SystemExit):
+        run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(policy), "--dagger-rounds", "1")
     unhinted = untrained_policy(profile, smoke_bank, tmp_path / "plain", predictor="oracle")
     with pytest.raises(ConfigError, match="needs a MAT trained with --rule-hint"):
         run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(unhinted))

@@ -15,6 +15,15 @@ does not, and its validation as the trainer runs it (greedy, 128 ID val
 episodes). Rows the MAT cannot take (a drop leaves a node idle beside a
 waiting task, which its work-conserving mask refuses) are left out.
 
+With `--no-persist-drops` a task the search drops is dropped for that
+decision only, so every label is a function of the state the env shows. With
+`--dagger-rounds R` the fit continues DAgger-style: the MAT plays
+`--dagger-episodes` fresh training episodes, the search labels every state it
+reaches, those rows join the fitted ones and the MAT is refitted (the last
+stage's epochs), R times. (A search whose drops persist would carry along the
+MAT's trajectory a drop set the MAT never sees; the rounds need
+`--no-persist-drops`.)
+
     python -m experiments.probes.search_clone_probe --profile cluster \\
         --policy artifacts/scheduler/RUN/warm_start_policy
 
@@ -23,6 +32,7 @@ Writes experiments/probes/results/search_clone_probe.md, or into --out.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +44,10 @@ from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
+from mara_env.vector import BatchDecide
 from mara_rl.imitation import Demonstrations, demonstrations, imitate, takeable
 from mara_rl.mat_module import MATModule
+from mara_rl.policy import act
 from mara_rl.scheduler_config import scheduler_config
 from mara_rl.train_scheduler import evaluate_policy
 
@@ -60,36 +72,51 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--alternatives", type=int, default=3, help="the search's swaps, and as many drops")
     parser.add_argument("--delta", type=float, default=0.25, help="the search's least gain to deviate")
     parser.add_argument("--epochs", default="20,20", help="epochs of each fitting stage, comma-separated")
+    parser.add_argument("--persist-drops", action=argparse.BooleanOptionalAction, default=True,
+                        help="a task the search drops stays dropped (off: for that decision only)")
+    parser.add_argument("--dagger-rounds", type=int, default=0, help="rounds of search labels on the MAT's states")
+    parser.add_argument("--dagger-episodes", type=int, default=64, help="training episodes the MAT plays a round")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.dagger_rounds and args.persist_drops:
+        parser.error("--dagger-rounds: the search labels states it did not reach; give --no-persist-drops")
     torch_threads(1)
     profile = Profile.load(args.profile)
     module, env = policy_training_env(profile, args)
     if env.rule_hint is None:
         raise ConfigError(f"{args.policy}: the probe needs a MAT trained with --rule-hint")
     cfg = scheduler_config(profile)
-    sets = []
-    for offset, count in ((0, args.episodes), (100_000, args.held_out)):
+
+    def labels(count: int, offset: int, driver: BatchDecide | None = None) -> Demonstrations:
         search = rollout_decide(None, 1, args.alternatives, args.delta, np.zeros(0), seed=args.seed + offset,
-                                arrivals=False)
-        demos = demonstrations(env, search, count, args.seed + 200_000 + offset)
-        sets.append(demos.rows(takeable(module, demos)))
-    fitted, held = sets
+                                arrivals=False, persist_drops=args.persist_drops)
+        demos = demonstrations(env, search, count, args.seed + 200_000 + offset, driver=driver)
+        return demos.rows(takeable(module, demos))
+
+    fitted, held = labels(args.episodes, 0), labels(args.held_out, 100_000)
+    drops = "held to the episode's end" if args.persist_drops else "for one decision"
     lines = [f"# Cloning the told search ({args.policy})", "",
-             f"{len(fitted)} rows of {args.episodes} episodes fitted, {len(held)} rows of {args.held_out} held out. "
-             "Taken: the share of rows where the MAT's greedy joint action is the search's, where the search "
-             "leaves the hint / elsewhere.", "",
-             "| epochs | search leaves the hint (fitted / held out) | taken there, fitted | taken there, held out "
-             "| taken elsewhere, held out | validation % |", "|---|---|---|---|---|---|"]
+             f"{len(fitted)} rows of {args.episodes} episodes fitted, {len(held)} rows of {args.held_out} held out; "
+             f"the search's drops {drops}. Taken: the share of rows where the MAT's greedy joint action is the "
+             "search's, where the search leaves the hint / elsewhere. A DAgger round (`dN`) adds the rows of "
+             f"{args.dagger_episodes} episodes the MAT played.", "",
+             "| stage | epochs | rows fitted | search leaves the hint (fitted / held out) | taken there, fitted "
+             "| taken there, held out | taken elsewhere, held out | validation % |",
+             "|---|---|---|---|---|---|---|---|"]
+    stages = comma_list(args.epochs, "--epochs", int)
+    plan = [("bc", 0), *(("bc", e) for e in stages), *((f"d{r}", stages[-1]) for r in range(1, args.dagger_rounds + 1))]
     total = 0
-    for stage, epochs in enumerate([0, *comma_list(args.epochs, "--epochs", int)]):
+    for step, (stage, epochs) in enumerate(plan):
+        if stage != "bc":
+            fitted = fitted + labels(args.dagger_episodes, 300_000 + 1000 * step, lambda obs, envs: act(module, obs))
         if epochs:
-            imitate(module, fitted, epochs, cfg.imitation_lr, args.seed + stage)
+            imitate(module, fitted, epochs, cfg.imitation_lr, args.seed + step)
         total += epochs
         (dev_f, on_f, _), (dev_h, on_h, off_h) = taken(module, fitted), taken(module, held)
         score = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
         share = [f"{100 * x:.1f}%" if x == x else "n/a" for x in (dev_f, dev_h, on_f, on_h, off_h)]
-        lines.append(f"| {total} | {share[0]} / {share[1]} | {share[2]} | {share[3]} | {share[4]} | {100 * score:.2f} |")
+        lines.append(f"| {stage} | {total} | {len(fitted)} | {share[0]} / {share[1]} | {share[2]} | {share[3]} "
+                     f"| {share[4]} | {100 * score:.2f} |")
         print(lines[-1], flush=True)
     return save_table(lines, args.out, "search_clone_probe.md")
 

@@ -17,7 +17,8 @@ A world draws, for every task past its warm-up, one of FM's M sampled crossings
   changes half the decisions for nothing). In a world a task's curve is bent to
   reach ε at its drawn crossing; the rolled-out teacher reads the forecasts of
   the decision (minus the batches served since) for tasks already forecast, and
-  the world's demand for the others. A task the planner drops stays dropped.
+  the world's demand for the others. A task the planner drops stays dropped
+  (`--no-persist-drops`: for that decision only).
   Tasks still in warm-up draw their demand from the true demands of training
   tasks. Future arrivals are the episode's own (a leak in the planner's favour),
   or none with `--no-arrivals-ahead`.
@@ -218,9 +219,12 @@ class World:
 
 
 def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta: float,
-                   prior: np.ndarray, seed: int = 0, arrivals: bool = True) -> BatchDecide:
+                   prior: np.ndarray, seed: int = 0, arrivals: bool = True,
+                   persist_drops: bool = True) -> BatchDecide:
     """The rollout planner of the module docstring; `fm` None: in the true world (hindsight);
-    `arrivals` off: its worlds hold no later arrivals."""
+    `arrivals` off: its worlds hold no later arrivals. `persist_drops` off: a drop holds for the
+    decision it wins (and in that decision's rollouts) only, so each decision is a function of the
+    env's state alone and a policy that sees no more than the env could copy it."""
     teacher = ALLOCATORS[TEACHER]()
     rng = np.random.default_rng(seed)
     dropped: dict[tuple[int, int], set[int]] = {}
@@ -250,7 +254,7 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta
                 if better.any():
                     best = int(np.argmax(np.where(better, mean, -np.inf)))
                     action = firsts[best + 1]
-                    if options[best][0] == "drop":
+                    if options[best][0] == "drop" and persist_drops:
                         gone.add(options[best][1])
             actions.append(action)
         return np.stack(actions)
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> Path:
                         help="every row reads the true demand (the oracle predictor); planners: hindsight only")
     parser.add_argument("--arrivals-ahead", action=argparse.BooleanOptionalAction, default=True,
                         help="the rollout worlds hold the episode's later arrivals (off: none)")
+    parser.add_argument("--persist-drops", action=argparse.BooleanOptionalAction, default=True,
+                        help="a task the rollout planners drop stays dropped (off: for that decision only)")
     args = parser.parse_args(argv)
     planners = comma_list(args.planners, "--planners")
     if not planners or set(planners) - set(PLANNERS):
@@ -283,7 +289,8 @@ def main(argv: list[str] | None = None) -> Path:
     worlds = "the true world" if args.exact else f"{args.worlds} worlds"
     lines = [f"Profile {profile.name}; forecasts {'exact (the oracle predictor)' if args.exact else 'FM'}; rollout "
              f"planners decide at events (H = {args.hold}), {worlds}, {args.alternatives} swaps and "
-             f"drops, δ = {args.delta}, later arrivals {'in' if args.arrivals_ahead else 'not in'} the worlds.", "",
+             f"drops, δ = {args.delta}, later arrivals {'in' if args.arrivals_ahead else 'not in'} the worlds, "
+             f"drops {'held to the end' if args.persist_drops else 'for one decision'}.", "",
              "| load | teacher | llf | teacher held | " + " | ".join(planners) + " |",
              "|---|---|---|---|" + "---|" * len(planners)]
     with torch_threads(1):
@@ -301,7 +308,8 @@ def main(argv: list[str] | None = None) -> Path:
                 else:
                     env, decide = held, rollout_decide(fm if planner == "rollout" else None, args.worlds,
                                                        args.alternatives, args.delta, prior,
-                                                       arrivals=args.arrivals_ahead)
+                                                       arrivals=args.arrivals_ahead,
+                                                       persist_drops=args.persist_drops)
                 outs = replay_in_lockstep(dataclasses.replace(env, predictor=source), episodes, decide)
                 row.append(100 * float(np.mean([o["success_rate"] for o in outs])))
                 print(f"[worlds] load {load} {planner}: {row[-1]:.2f}", flush=True)
