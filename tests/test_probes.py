@@ -25,6 +25,7 @@ from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_fm.fm_model import FlowModel
 from mara_fm.predictors import FMPredictor
 from mara_rl.evaluate import pooled_episodes
+from mara_rl.imitation import Demonstrations
 from mara_rl.mat_module import MATConfig
 from mara_rl.policy import act, export_policy, load_policy, module_spec
 from mara_rl.rollout_labels import RolloutLabeller
@@ -455,20 +456,27 @@ def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir,
     assert fitted[-1] > fitted[0]  # fitting on them, the MAT takes more of the labels it was fitted on
 
 
-def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
-    """On a loaded smoke cluster the told search leaves the teacher; the hinted MAT starts at the
-    teacher, so it copies the search only where the search keeps to it, until it is fitted; a
-    DAgger round adds the rows of the MAT's own episodes."""
+@pytest.fixture
+def told_cluster(smoke_bank, tmp_path) -> tuple[Path, Path]:
+    """A loaded smoke cluster (its profile file) and an untrained MAT hinted with the teacher, in
+    the env told the exact demand, deciding at events."""
     toml = tmp_path / "smoke-cluster.toml"
     toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
                     'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
-    profile = Profile.load(str(toml))
-    policy = untrained_policy(profile, smoke_bank, tmp_path / "policy", predictor="oracle", decision_interval=5,
-                              rule_hint="lara_optimistic")
+    policy = untrained_policy(Profile.load(str(toml)), smoke_bank, tmp_path / "policy", predictor="oracle",
+                              decision_interval=5, rule_hint="lara_optimistic")
+    return toml, policy
+
+
+def test_search_clone_probe_fits_the_searchs_rows(told_cluster, smoke_bank, tmp_path):
+    """On a loaded smoke cluster the told search leaves the teacher; the hinted MAT starts at the
+    teacher, so it copies the search only where the search keeps to it, until it is fitted; a
+    DAgger round adds the rows of the MAT's own episodes; the best-validating stage is exported."""
+    toml, policy = told_cluster
     path = probe("search_clone_probe").main(["--profile", str(toml), "--bank", str(smoke_bank), "--out", str(tmp_path),
                                              "--policy", str(policy), "--episodes", "3", "--held-out", "2",
                                              "--epochs", "150", "--no-persist-drops", "--dagger-rounds", "1",
-                                             "--dagger-episodes", "2"])
+                                             "--dagger-episodes", "2", "--export", str(tmp_path / "best")])
     [rows] = tables(path)
     assert [(row[0], row[1]) for row in rows] == [("bc", "0"), ("bc", "150"), ("d1", "300")]
     fitted = [int(row[2]) for row in rows]
@@ -477,12 +485,35 @@ def test_search_clone_probe_fits_the_searchs_rows(smoke_bank, tmp_path):
     assert all(0 < x <= 100 for x in deviates)
     taken = [[percent(row[k].rstrip("%")) for k in (4, 5, 6)] for row in rows]
     assert taken[0][2] > 90 and taken[1][0] > taken[0][0]
-    percent(rows[2][-1])
+    scores = [percent(row[-1]) for row in rows]
+    stage, score = (tmp_path / "best" / "stage.txt").read_text().split()
+    assert float(score) == max(scores) and stage == rows[scores.index(max(scores))][0]
+    assert load_policy(tmp_path / "best").rule_bias is not None
     with pytest.raises(SystemExit):
         run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(policy), "--dagger-rounds", "1")
-    unhinted = untrained_policy(profile, smoke_bank, tmp_path / "plain", predictor="oracle")
+    unhinted = untrained_policy(Profile.load(str(toml)), smoke_bank, tmp_path / "plain", predictor="oracle")
     with pytest.raises(ConfigError, match="needs a MAT trained with --rule-hint"):
         run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(unhinted))
+
+
+def test_search_clone_probe_learning_curve(told_cluster, smoke_bank, tmp_path):
+    """`--sizes` fits a fresh copy on each growing set of episodes; `--weight` repeats exactly
+    the rows where the search leaves the hint."""
+    toml, policy = told_cluster
+    path = probe("search_clone_probe").main(["--profile", str(toml), "--bank", str(smoke_bank), "--out", str(tmp_path),
+                                             "--policy", str(policy), "--sizes", "1,2", "--held-out", "1",
+                                             "--epochs", "10", "--weight", "3"])
+    [rows] = tables(path)
+    assert [(row[0], row[1]) for row in rows] == [("n1", "10"), ("n2", "10")]
+    assert 0 < int(rows[0][2]) < int(rows[1][2])
+    clone = probe("search_clone_probe")
+    obs = {"rule_action": torch.tensor([[1, 2], [1, 2], [0, 0]])}
+    demos = Demonstrations(obs=obs, actions=torch.tensor([[1, 2], [2, 1], [0, 1]]), returns=torch.zeros(3))
+    assert clone.deviating(demos).tolist() == [False, True, True]
+    assert clone.weighted(demos, 3).actions.tolist() == [[1, 2], [2, 1], [0, 1], [2, 1], [0, 1], [2, 1], [0, 1]]
+    assert clone.weighted(demos, 1) is demos
+    with pytest.raises(SystemExit):
+        run("search_clone_probe", smoke_bank, tmp_path, "--policy", str(policy), "--sizes", "2,1")
 
 
 def test_label_share_counts_the_states_where_the_mat_takes_the_label(smoke_bank):

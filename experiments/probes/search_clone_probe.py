@@ -24,6 +24,14 @@ stage's epochs), R times. (A search whose drops persist would carry along the
 MAT's trajectory a drop set the MAT never sees; the rounds need
 `--no-persist-drops`.)
 
+With `--sizes S1,S2,...` it draws a learning curve instead: a fresh copy of
+the MAT is fitted (the stages' epochs in one go) on the rows of the first Sk
+training episodes, for each k, and read on the same held-out rows: whether
+more of the search's labels would teach the MAT its departures. `--weight W`
+repeats every row where the search leaves the hint W times in each fit.
+`--export DIR` writes the MAT of the stage that validates best (and
+`stage.txt`, its name and figure).
+
     python -m experiments.probes.search_clone_probe --profile cluster \\
         --policy artifacts/scheduler/RUN/warm_start_policy
 
@@ -33,9 +41,11 @@ Writes experiments/probes/results/search_clone_probe.md, or into --out.
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from experiments.probes.common import probe_parser, save_table
 from experiments.probes.rollout_probe import policy_training_env, takes
@@ -47,21 +57,31 @@ from mara_common.threads import torch_threads
 from mara_env.vector import BatchDecide
 from mara_rl.imitation import Demonstrations, demonstrations, imitate, takeable
 from mara_rl.mat_module import MATModule
-from mara_rl.policy import act
+from mara_rl.policy import act, export_policy
 from mara_rl.scheduler_config import scheduler_config
 from mara_rl.train_scheduler import evaluate_policy
+
+
+def deviating(demos: Demonstrations) -> np.ndarray:
+    """Rows where the search's joint action is not the hint's."""
+    return ~np.all(demos.actions.numpy() == demos.obs["rule_action"].numpy(), axis=1)
 
 
 def taken(module: MATModule, demos: Demonstrations) -> tuple[float, float, float]:
     """(share of rows where the search leaves the hint, share of those where the MAT's greedy joint
     action is the search's, the same share on the other rows); NaN for a share of no rows."""
-    label, hint = demos.actions.numpy(), demos.obs["rule_action"].numpy()
-    deviates = ~np.all(label == hint, axis=1)
-    same = takes(module, {k: v.numpy() for k, v in demos.obs.items()}, label)
+    deviates = deviating(demos)
+    same = takes(module, {k: v.numpy() for k, v in demos.obs.items()}, demos.actions.numpy())
     def share(rows: np.ndarray) -> float:
         return float(same[rows].mean()) if rows.any() else float("nan")
 
     return float(deviates.mean()), share(deviates), share(~deviates)
+
+
+def weighted(demos: Demonstrations, weight: int) -> Demonstrations:
+    """`demos` with every row where the search leaves the hint repeated `weight` times."""
+    extra = demos.rows(torch.as_tensor(np.tile(np.flatnonzero(deviating(demos)), weight - 1)))
+    return demos + extra if len(extra) else demos
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -76,8 +96,16 @@ def main(argv: list[str] | None = None) -> Path:
                         help="a task the search drops stays dropped (off: for that decision only)")
     parser.add_argument("--dagger-rounds", type=int, default=0, help="rounds of search labels on the MAT's states")
     parser.add_argument("--dagger-episodes", type=int, default=64, help="training episodes the MAT plays a round")
+    parser.add_argument("--sizes", default="", help="a learning curve over these training-episode counts")
+    parser.add_argument("--weight", type=int, default=1, help="repeats of each row where the search leaves the hint")
+    parser.add_argument("--export", type=Path, help="export the best-validating stage's MAT here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    sizes = comma_list(args.sizes, "--sizes", int) if args.sizes else []
+    if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1 or args.dagger_rounds):
+        parser.error("--sizes: increasing episode counts >= 1, without --dagger-rounds")
+    if args.weight < 1:
+        parser.error("--weight must be >= 1")
     if args.dagger_rounds and args.persist_drops:
         parser.error("--dagger-rounds: the search labels states it did not reach; give --no-persist-drops")
     torch_threads(1)
@@ -93,31 +121,55 @@ def main(argv: list[str] | None = None) -> Path:
         demos = demonstrations(env, search, count, args.seed + 200_000 + offset, driver=driver)
         return demos.rows(takeable(module, demos))
 
-    fitted, held = labels(args.episodes, 0), labels(args.held_out, 100_000)
+    held = labels(args.held_out, 100_000)
+    stages = comma_list(args.epochs, "--epochs", int)
+
+    best = -1.0
+
+    def report(stage: str, epochs: int, fitted: Demonstrations, fit: MATModule) -> None:
+        nonlocal best
+        (dev_f, on_f, _), (dev_h, on_h, off_h) = taken(fit, fitted), taken(fit, held)
+        score = evaluate_policy(fit, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
+        if args.export and score > best:
+            best = score
+            export_policy(fit, args.export, env)
+            (args.export / "stage.txt").write_text(f"{stage} {100 * score:.2f}\n")
+        share = [f"{100 * x:.1f}%" if x == x else "n/a" for x in (dev_f, dev_h, on_f, on_h, off_h)]
+        lines.append(f"| {stage} | {epochs} | {len(fitted)} | {share[0]} / {share[1]} | {share[2]} | {share[3]} "
+                     f"| {share[4]} | {100 * score:.2f} |")
+        print(lines[-1], flush=True)
+
     drops = "held to the episode's end" if args.persist_drops else "for one decision"
     lines = [f"# Cloning the told search ({args.policy})", "",
-             f"{len(fitted)} rows of {args.episodes} episodes fitted, {len(held)} rows of {args.held_out} held out; "
-             f"the search's drops {drops}. Taken: the share of rows where the MAT's greedy joint action is the "
-             "search's, where the search leaves the hint / elsewhere. A DAgger round (`dN`) adds the rows of "
-             f"{args.dagger_episodes} episodes the MAT played.", "",
+             f"{len(held)} rows of {args.held_out} episodes held out; the search's drops {drops}; rows where it "
+             f"leaves the hint weighed {args.weight} times in a fit. Taken: the share of rows where the MAT's "
+             "greedy joint action is the search's, where the search leaves the hint / elsewhere. A DAgger round "
+             f"(`dN`) adds the rows of {args.dagger_episodes} episodes the MAT played; a stage `nS` is a fresh "
+             "copy of the MAT fitted on the rows of S episodes.", "",
              "| stage | epochs | rows fitted | search leaves the hint (fitted / held out) | taken there, fitted "
              "| taken there, held out | taken elsewhere, held out | validation % |",
              "|---|---|---|---|---|---|---|---|"]
-    stages = comma_list(args.epochs, "--epochs", int)
-    plan = [("bc", 0), *(("bc", e) for e in stages), *((f"d{r}", stages[-1]) for r in range(1, args.dagger_rounds + 1))]
-    total = 0
-    for step, (stage, epochs) in enumerate(plan):
-        if stage != "bc":
-            fitted = fitted + labels(args.dagger_episodes, 300_000 + 1000 * step, lambda obs, envs: act(module, obs))
-        if epochs:
-            imitate(module, fitted, epochs, cfg.imitation_lr, args.seed + step)
-        total += epochs
-        (dev_f, on_f, _), (dev_h, on_h, off_h) = taken(module, fitted), taken(module, held)
-        score = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
-        share = [f"{100 * x:.1f}%" if x == x else "n/a" for x in (dev_f, dev_h, on_f, on_h, off_h)]
-        lines.append(f"| {stage} | {total} | {len(fitted)} | {share[0]} / {share[1]} | {share[2]} | {share[3]} "
-                     f"| {share[4]} | {100 * score:.2f} |")
-        print(lines[-1], flush=True)
+    if sizes:
+        fitted = labels(sizes[0], 0)
+        for k, size in enumerate(sizes):
+            if k:
+                fitted = fitted + labels(size - sizes[k - 1], 400_000 + sizes[k - 1])
+            fit = copy.deepcopy(module)
+            imitate(fit, weighted(fitted, args.weight), sum(stages), cfg.imitation_lr, args.seed)
+            report(f"n{size}", sum(stages), fitted, fit)
+    else:
+        fitted = labels(args.episodes, 0)
+        plan = [("bc", 0), *(("bc", e) for e in stages),
+                *((f"d{r}", stages[-1]) for r in range(1, args.dagger_rounds + 1))]
+        total = 0
+        for step, (stage, epochs) in enumerate(plan):
+            if stage != "bc":
+                fitted = fitted + labels(args.dagger_episodes, 300_000 + 1000 * step,
+                                         lambda obs, envs: act(module, obs))
+            if epochs:
+                imitate(module, weighted(fitted, args.weight), epochs, cfg.imitation_lr, args.seed + step)
+            total += epochs
+            report(stage, total, fitted, module)
     return save_table(lines, args.out, "search_clone_probe.md")
 
 
