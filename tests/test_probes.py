@@ -474,9 +474,9 @@ def test_search_clone_probe_fits_the_searchs_rows(told_cluster, smoke_bank, tmp_
     DAgger round adds the rows of the MAT's own episodes; the best-validating stage is exported."""
     toml, policy = told_cluster
     path = probe("search_clone_probe").main(["--profile", str(toml), "--bank", str(smoke_bank), "--out", str(tmp_path),
-                                             "--policy", str(policy), "--episodes", "3", "--held-out", "2",
+                                             "--policy", str(policy), "--episodes", "2", "--held-out", "2",
                                              "--epochs", "150", "--no-persist-drops", "--dagger-rounds", "1",
-                                             "--dagger-episodes", "2", "--export", str(tmp_path / "best")])
+                                             "--dagger-episodes", "1", "--export", str(tmp_path / "best")])
     [rows] = tables(path)
     assert [(row[0], row[1]) for row in rows] == [("bc", "0"), ("bc", "150"), ("d1", "300")]
     fitted = [int(row[2]) for row in rows]
