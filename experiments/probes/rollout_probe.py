@@ -52,6 +52,7 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from experiments.probes.common import probe_parser, save_table
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.cluster import ClusterConfig
@@ -91,11 +92,18 @@ def measure(cfg: EnvConfig, episodes: list, kind: str, share: float, count: int,
             "worse": float(np.mean(worse))}
 
 
+def improved_states(labeller: RolloutLabeller) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The states where a candidate beat the teacher, stacked, and their labels."""
+    obs = {k: np.stack([o[k] for o, _ in labeller.improved]) for k in labeller.improved[0][0]}
+    return obs, np.stack([a for _, a in labeller.improved])
+
+
 def improved_rows(module: torch.nn.Module, labeller: RolloutLabeller) -> Demonstrations:
     """The states where a candidate beat the teacher, with their labels (returns: the MAT's own
     values, so the repeated rows leave the value fit as it is)."""
-    obs = {k: torch.as_tensor(np.stack([o[k] for o, _ in labeller.improved])) for k in labeller.improved[0][0]}
-    actions = torch.as_tensor(np.stack([a for _, a in labeller.improved]), dtype=torch.long)
+    states, labels = improved_states(labeller)
+    obs = {k: torch.as_tensor(v) for k, v in states.items()}
+    actions = torch.as_tensor(labels, dtype=torch.long)
     with torch.no_grad():
         out = module.forward_train({Columns.OBS: obs, Columns.ACTIONS: actions})
         values = module.compute_values({Columns.OBS: obs}, out.get(Columns.EMBEDDINGS))
@@ -112,9 +120,7 @@ def label_share(module: MATModule, labeller: RolloutLabeller) -> float:
     the teacher (NaN if there were none): does it take the better action there?"""
     if not labeller.improved:
         return float("nan")
-    obs = {k: np.stack([o[k] for o, _ in labeller.improved]) for k in labeller.improved[0][0]}
-    labels = np.stack([a for _, a in labeller.improved])
-    return float(np.mean(takes(module, obs, labels)))
+    return float(np.mean(takes(module, *improved_states(labeller))))
 
 
 def policy_training_env(profile: Profile, args: argparse.Namespace) -> tuple[MATModule, EnvConfig]:
@@ -197,10 +203,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--episodes", type=int, default=32, help="training episodes per round")
     parser.add_argument("--weight", type=int, default=1, help="repeats of each improved state in the fit")
-    parser.add_argument("--memorise", type=lambda text: [int(x) for x in text.split(",")],
+    parser.add_argument("--memorise",
                         help="with --policy: instead of rounds, fit the MAT to the improved states of one "
                         "label set alone for these epoch counts (e.g. 20,100,300), see above")
     args = parser.parse_args(argv)
+    args.memorise = comma_list(args.memorise, "--memorise", int)
     torch_threads(1)
     profile = Profile.load(args.profile)
     if args.policy and args.memorise:

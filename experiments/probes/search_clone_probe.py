@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--export", type=Path, help="export the best-validating stage's MAT here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    sizes = comma_list(args.sizes, "--sizes", int) if args.sizes else []
+    sizes = comma_list(args.sizes, "--sizes", int)
     if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1 or args.dagger_rounds):
         parser.error("--sizes: increasing episode counts >= 1, without --dagger-rounds")
     if args.weight < 1:
