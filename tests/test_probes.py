@@ -421,10 +421,14 @@ def test_rollout_probe(smoke_bank, fm_dir, tmp_path):
 
 
 def untrained_policy(profile: Profile, bank: Path, out: Path, **settings) -> Path:
-    """An untrained MAT exported for the training env of `profile` with these scheduler settings."""
+    """An untrained MAT exported for the training env of `profile` with these scheduler settings;
+    its weights come from a fixed seed, so a test's MAT does not depend on the tests run before it."""
     cfg = scheduler_config(profile, **settings)
     env_cfg = training_env(cfg, profile, bank)
-    return export_policy(module_spec(env_cfg, cfg.mat).build(), out, env_cfg)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        module = module_spec(env_cfg, cfg.mat).build()
+    return export_policy(module, out, env_cfg)
 
 
 def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, tmp_path):
