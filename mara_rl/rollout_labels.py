@@ -52,16 +52,18 @@ def blind_teacher(teacher: str, dropped: dict[int, set[int]]) -> BatchDecide:
     return decide
 
 
-def candidates(kind: str, action: np.ndarray, env: MultiNodeEnv, count: int,
+def candidates(kind: str, action: np.ndarray, env: MultiNodeEnv, count: int | None,
                rng: np.random.Generator) -> list[np.ndarray | int]:
-    """Up to `count` alternatives to `action`: joint actions (swap) or served tasks to give up (drop)."""
+    """Up to `count` alternatives to `action`, drawn at random: joint actions (swap) or served tasks
+    to give up (drop). `count` None: every one, in node order (a function of the state alone)."""
     served = action[action > 0] - 1
     if kind == "drop":
-        return [int(k) for k in rng.permutation(env.slot_task[served])[:count]]
+        tasks = env.slot_task[served]
+        return [int(k) for k in (tasks if count is None else rng.permutation(tasks)[:count])]
     waiting = [s + 1 for s in np.flatnonzero(env.slot_task >= 0).tolist() if s not in set(served.tolist())]
     pairs = [(node, pick) for node in np.flatnonzero(action > 0).tolist() for pick in waiting]
     swapped = []
-    for j in rng.permutation(len(pairs))[:count]:
+    for j in (range(len(pairs)) if count is None else rng.permutation(len(pairs))[:count]):
         alternative = action.copy()
         alternative[pairs[j][0]] = pairs[j][1]
         swapped.append(alternative)

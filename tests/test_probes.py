@@ -28,10 +28,11 @@ from mara_rl.evaluate import pooled_episodes
 from mara_rl.imitation import Demonstrations
 from mara_rl.mat_module import MATConfig
 from mara_rl.policy import act, export_policy, load_policy, module_spec
-from mara_rl.rollout_labels import RolloutLabeller
+from mara_rl.rollout_labels import RolloutLabeller, candidates
 from mara_rl.scheduler_config import scheduler_config, training_env
 
 SMOKE = ["--profile", "smoke"]
+CLUSTER = {"node_speeds": (2, 2, 1, 1, 1, 0.5, 0.5), "restore_lo": 2, "restore_hi": 10}  # the cluster profile's
 
 
 def probe(name: str) -> ModuleType:
@@ -382,19 +383,82 @@ def test_worlds_probe_told_the_true_demand(smoke_bank, fm_dir, tmp_path):
         run("worlds_probe", smoke_bank, tmp_path, "--exact", "--planners", "rollout", "--fm", str(fm_dir))
 
 
+def told_env(smoke_bank: Path, **settings) -> EnvConfig:
+    """A loaded smoke env told every task's true demand."""
+    return Profile.load("smoke").section(EnvConfig, "env", bank=str(smoke_bank), task_set="id", split="val",
+                                         predictor="oracle", arrival_prob=0.3, **settings)
+
+
+def contended(cfg: EnvConfig) -> MultiNodeEnv:
+    """An env of `cfg` played by the search's teacher into its episode, to a state where a task waits."""
+    env = MultiNodeEnv(cfg)
+    env.reset(seed=3)
+    teacher = ALLOCATORS[probe("worlds_probe").TEACHER]()
+    while (env.slot_task >= 0).sum() <= cfg.n_nodes or env.t < 40:
+        env.step(teacher.act(env.scheduler_view()))
+    return env
+
+
+def test_the_search_over_every_candidate_decides_by_the_state_alone(smoke_bank):
+    """`--alternatives all`: every swap (a served node given a waiting task) and every drop, in node
+    order whatever the draw, so the search's choice at a state does not depend on its seed."""
+    worlds = probe("worlds_probe")
+    env = contended(told_env(smoke_bank, cluster=CLUSTER))
+    action = ALLOCATORS[worlds.TEACHER]().act(env.scheduler_view())
+    served = int((action > 0).sum())
+    waiting = int((env.slot_task >= 0).sum()) - served
+    for kind, count in (("drop", served), ("swap", served * waiting)):
+        every = [candidates(kind, action, env, None, np.random.default_rng(seed)) for seed in (0, 1)]
+        assert len(every[0]) == count and all(np.array_equal(a, b) for a, b in zip(*every, strict=True))
+    drawn = {tuple(candidates("swap", action, env, 1, np.random.default_rng(seed))[0]) for seed in range(10)}
+    assert len(drawn) > 1  # a drawn candidate is the seed's
+    decisions = [worlds.rollout_decide(None, 1, None, 0.25, np.zeros(0), seed=seed, arrivals=False,
+                                       persist_drops=False)(None, [env.clone()]) for seed in (0, 1)]
+    assert np.array_equal(*decisions)
+    parser = common.probe_parser("a probe")
+    common.add_alternatives_flag(parser)
+    assert parser.parse_args(["--alternatives", "all"]).alternatives is None
+    assert parser.parse_args(["--alternatives", "2"]).alternatives == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--alternatives", "0"])
+
+
+def test_candidate_features_describe_the_node_each_candidate_changes(smoke_bank):
+    features = probe("candidate_probe")
+    env = contended(told_env(smoke_bank, cluster=CLUSTER))
+    action = ALLOCATORS[probe("worlds_probe").TEACHER]().act(env.scheduler_view())
+    options = [(kind, x) for kind in ("swap", "drop") for x in candidates(kind, action, env, None, np.random.default_rng(0))]
+    rows = features.candidate_rows(env, action, options)
+    column = {name: rows[:, i] for i, name in enumerate(features.FEATURES)}
+    assert rows.shape == (len(options), len(features.FEATURES))
+    assert column["drop"].tolist() == [float(kind == "drop") for kind, _ in options]
+    swap, swapped = next((i, x) for i, (kind, x) in enumerate(options) if kind == "swap")
+    node = int(np.flatnonzero(swapped != action)[0])
+    incoming = int(env.slot_task[swapped[node] - 1])
+    assert column["speed"][swap] == env.speeds[node]
+    assert column["in_demand"][swap] >= env.pred[incoming] / env.speeds[node]
+    assert column["in_slack"][swap] == env.deadline[incoming] - env.t - column["in_demand"][swap]
+    assert (column["in_demand"][column["drop"] == 1] == 0).all()
+
+
+def test_candidate_probe(loaded_cluster, smoke_bank, tmp_path):
+    loaded_cluster.write_text(loaded_cluster.read_text().replace("[env]\n", "[env]\nhorizon = 200\n"))  # short
+    path = probe("candidate_probe").main(["--profile", str(loaded_cluster), "--bank", str(smoke_bank), "--out", str(tmp_path),
+                                          "--episodes", "1", "--held-out", "1", "--hold", "5"])
+    [[row]] = tables(path)
+    assert int(row[0]) > 0 and int(row[2]) > 0
+    assert all(0 <= percent(row[k].rstrip("%")) <= 100 for k in (1, 3))
+    taken, best = (number(x) for x in row[6].split("/"))
+    assert taken <= best  # the rule takes one of the candidates the search judged, or nothing
+
+
 @pytest.mark.parametrize("cluster", [False, True])
 def test_a_world_at_the_true_crossings_plays_as_the_episode_does(smoke_bank, cluster):
     """The rollout planner's world, built from every task's true crossing and read by the
     teacher as its forecasts, plays out like the env itself with the oracle predictor."""
     worlds = probe("worlds_probe")
-    extra = {"cluster": {"node_speeds": (2, 2, 1, 1, 1, 0.5, 0.5), "restore_lo": 2, "restore_hi": 10}} if cluster else {}
-    cfg = Profile.load("smoke").section(EnvConfig, "env", bank=str(smoke_bank), task_set="id", split="val",
-                                        predictor="oracle", arrival_prob=0.3, **extra)
-    env = MultiNodeEnv(cfg)
-    env.reset(seed=3)
+    env = contended(told_env(smoke_bank, **({"cluster": CLUSTER} if cluster else {})))
     teacher = ALLOCATORS[worlds.TEACHER]()
-    while (env.slot_task >= 0).sum() <= cfg.n_nodes or env.t < 40:  # into the episode, and contended
-        env.step(teacher.act(env.scheduler_view()))
     first = teacher.act(env.scheduler_view())
     copy, before, action, done = env.clone(), env.stats["successes"], first, False
     while not done:
@@ -461,15 +525,21 @@ def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir,
 
 
 @pytest.fixture
-def told_cluster(smoke_bank, tmp_path) -> tuple[Path, Path]:
-    """A loaded smoke cluster (its profile file) and an untrained MAT hinted with the teacher, in
-    the env told the exact demand, deciding at events."""
+def loaded_cluster(tmp_path) -> Path:
+    """The profile file of a loaded smoke cluster."""
     toml = tmp_path / "smoke-cluster.toml"
     toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
                     'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
-    policy = untrained_policy(Profile.load(str(toml)), smoke_bank, tmp_path / "policy", predictor="oracle",
-                              decision_interval=5, rule_hint="lara_optimistic")
-    return toml, policy
+    return toml
+
+
+@pytest.fixture
+def told_cluster(loaded_cluster, smoke_bank, tmp_path) -> tuple[Path, Path]:
+    """A loaded smoke cluster (its profile file) and an untrained MAT hinted with the teacher, in
+    the env told the exact demand, deciding at events."""
+    policy = untrained_policy(Profile.load(str(loaded_cluster)), smoke_bank, tmp_path / "policy",
+                              predictor="oracle", decision_interval=5, rule_hint="lara_optimistic")
+    return loaded_cluster, policy
 
 
 def test_search_clone_probe_fits_the_searchs_rows(told_cluster, smoke_bank, tmp_path):

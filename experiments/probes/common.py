@@ -38,6 +38,20 @@ def probe_parser(doc: str, fm: bool = False, roots: bool = False) -> argparse.Ar
     return parser
 
 
+def add_alternatives_flag(parser: argparse.ArgumentParser) -> None:
+    """--alternatives: how many swaps, and as many drops, a search draws at a decision; `all`:
+    every swap and every drop, so its choice is a function of the state alone."""
+    def count(text: str) -> int | None:
+        if text == "all":
+            return None
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"a count >= 1 or 'all', not {text!r}")
+        return int(text)
+
+    parser.add_argument("--alternatives", type=count, default=3,
+                        help="swaps, and as many drops, drawn per decision (a count, or 'all')")
+
+
 def trainer_val_episodes(profile: Profile, bank: Path, fm: Path | None = None,
                          count: int | None = None) -> tuple[EnvConfig, list[Episode]]:
     """The scheduler trainer's validation env (FM inside, no bursts) and its episodes: the ones

@@ -16,7 +16,12 @@ episodes). Rows the MAT cannot take (a drop leaves a node idle beside a
 waiting task, which its work-conserving mask refuses) are left out.
 
 With `--no-persist-drops` a task the search drops is dropped for that
-decision only, so every label is a function of the state the env shows. With
+decision only, so no label depends on an earlier one; with `--alternatives
+all` as well the search judges every swap and drop instead of a random few,
+and every label is a function of the state the env shows. (With drawn
+candidates a label is the draw's too: where one draw leaves the hint, another
+leaves it to the same joint action about a quarter of the time, and a clone
+fitted by likelihood keeps to the hint there.) With
 `--dagger-rounds R` the fit continues DAgger-style: the MAT plays
 `--dagger-episodes` fresh training episodes, the search labels every state it
 reaches, those rows join the fitted ones and the MAT is refitted (the last
@@ -47,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.probes.common import probe_parser, save_table
+from experiments.probes.common import add_alternatives_flag, probe_parser, save_table
 from experiments.probes.rollout_probe import policy_training_env, takes
 from experiments.probes.worlds_probe import rollout_decide
 from mara_common.config import ConfigError
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--policy", type=Path, required=True, help="a hinted MAT (e.g. a run's warm_start_policy)")
     parser.add_argument("--episodes", type=int, default=184, help="training episodes the search plays for the fit")
     parser.add_argument("--held-out", type=int, default=24, help="other training episodes, never fitted")
-    parser.add_argument("--alternatives", type=int, default=3, help="the search's swaps, and as many drops")
+    add_alternatives_flag(parser)
     parser.add_argument("--delta", type=float, default=0.25, help="the search's least gain to deviate")
     parser.add_argument("--epochs", default="20,20", help="epochs of each fitting stage, comma-separated")
     parser.add_argument("--persist-drops", action=argparse.BooleanOptionalAction, default=True,

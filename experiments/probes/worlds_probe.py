@@ -9,8 +9,8 @@ A world draws, for every task past its warm-up, one of FM's M sampled crossings
   (or keep) them now.
 - `rollout` (one step of policy iteration over the teacher): at each contended
   decision (decisions at events, each held up to `--hold` steps) the teacher's
-  joint action competes with `--alternatives` swaps and as many drops
-  (`mara_rl.rollout_labels`); each is played to the episode's end by the teacher
+  joint action competes with `--alternatives` swaps and as many drops, drawn at
+  random (`all`: every one; `mara_rl.rollout_labels`); each is played to the episode's end by the teacher
   in each of W worlds, the same worlds for every candidate, and a candidate
   replaces the teacher's action only if its mean gain is at least `--delta`
   successes and two standard errors above 0 (the argmax of W noisy sums otherwise
@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from experiments.probes.common import (
+    add_alternatives_flag,
     probe_parser,
     save_table,
     success,
@@ -69,6 +71,7 @@ from mara_rl.evaluate import pooled_episodes
 from mara_rl.rollout_labels import KINDS, candidates, view_without
 
 TEACHER = "lara_optimistic"
+Judged = Callable[[MultiNodeEnv, np.ndarray, list[tuple[str, np.ndarray | int]], np.ndarray], None]
 
 
 class SampleKeepingFM(FMPredictor):
@@ -218,13 +221,17 @@ class World:
             action = teacher.act(view_without(c, dropped))
 
 
-def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta: float,
+def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int | None, delta: float,
                    prior: np.ndarray, seed: int = 0, arrivals: bool = True,
-                   persist_drops: bool = True) -> BatchDecide:
+                   persist_drops: bool = True, on_judged: Judged | None = None) -> BatchDecide:
     """The rollout planner of the module docstring; `fm` None: in the true world (hindsight);
     `arrivals` off: its worlds hold no later arrivals. `persist_drops` off: a drop holds for the
-    decision it wins (and in that decision's rollouts) only, so each decision is a function of the
-    env's state alone and a policy that sees no more than the env could copy it."""
+    decision it wins (and in that decision's rollouts) only, so no decision depends on an earlier
+    one. `alternatives` None as well: every swap and drop is judged, so in the true world each
+    decision is a function of the env's state alone, which a policy seeing no more than the env
+    could copy; a count draws the candidates, and the choice depends on the draw too.
+    `on_judged(env, action, options, gain)` sees each judged decision before it is taken: the
+    teacher's action, the candidates and each one's mean gain over it."""
     teacher = ALLOCATORS[TEACHER]()
     rng = np.random.default_rng(seed)
     dropped: dict[tuple[int, int], set[int]] = {}
@@ -250,6 +257,8 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int, delta
                                    for w in ends], np.float64)
                 gain = scores[:, 1:] - scores[:, :1]
                 mean, error = gain.mean(0), gain.std(0) / np.sqrt(len(gain))
+                if on_judged is not None:
+                    on_judged(env, action, options, mean)
                 better = (mean >= delta) & (mean > 2 * error) if len(gain) > 1 else mean > 0
                 if better.any():
                     best = int(np.argmax(np.where(better, mean, -np.inf)))
@@ -268,7 +277,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--loads", default="0.04")
     parser.add_argument("--planners", default="served,kept", help=f"of {', '.join(PLANNERS)}, comma-separated")
     parser.add_argument("--hold", type=int, default=10, help="the rollout planners' decision interval")
-    parser.add_argument("--alternatives", type=int, default=3, help="swaps, and as many drops, per decision")
+    add_alternatives_flag(parser)
     parser.add_argument("--delta", type=float, default=0.25, help="least mean gain (successes) to deviate")
     parser.add_argument("--exact", action="store_true",
                         help="every row reads the true demand (the oracle predictor); planners: hindsight only")
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> Path:
     source = "oracle" if args.exact else fm
     worlds = "the true world" if args.exact else f"{args.worlds} worlds"
     lines = [f"Profile {profile.name}; forecasts {'exact (the oracle predictor)' if args.exact else 'FM'}; rollout "
-             f"planners decide at events (H = {args.hold}), {worlds}, {args.alternatives} swaps and "
+             f"planners decide at events (H = {args.hold}), {worlds}, {args.alternatives or 'all'} swaps and "
              f"drops, δ = {args.delta}, later arrivals {'in' if args.arrivals_ahead else 'not in'} the worlds, "
              f"drops {'held to the end' if args.persist_drops else 'for one decision'}.", "",
              "| load | teacher | llf | teacher held | " + " | ".join(planners) + " |",
