@@ -441,15 +441,25 @@ def test_candidate_features_describe_the_node_each_candidate_changes(smoke_bank)
     assert (column["in_demand"][column["drop"] == 1] == 0).all()
 
 
-def test_candidate_probe(loaded_cluster, smoke_bank, tmp_path):
-    loaded_cluster.write_text(loaded_cluster.read_text().replace("[env]\n", "[env]\nhorizon = 200\n"))  # short
-    path = probe("candidate_probe").main(["--profile", str(loaded_cluster), "--bank", str(smoke_bank), "--out", str(tmp_path),
+def test_candidate_probe(short_cluster, smoke_bank, tmp_path):
+    path = probe("candidate_probe").main(["--profile", str(short_cluster), "--bank", str(smoke_bank), "--out", str(tmp_path),
                                           "--episodes", "1", "--held-out", "1", "--hold", "5"])
     [[row]] = tables(path)
     assert int(row[0]) > 0 and int(row[2]) > 0
     assert all(0 <= percent(row[k].rstrip("%")) <= 100 for k in (1, 3))
     taken, best = (number(x) for x in row[6].split("/"))
     assert taken <= best  # the rule takes one of the candidates the search judged, or nothing
+
+
+def test_draw_probe(short_cluster, smoke_bank, tmp_path):
+    """Every ordered pair of labellers gets a row, and where the first leaves the teacher the second
+    can take its action only where it leaves the teacher too."""
+    path = probe("draw_probe").main(["--profile", str(short_cluster), "--bank", str(smoke_bank), "--out", str(tmp_path),
+                                     "--episodes", "1", "--seeds", "1", "--hold", "5"])
+    [rows] = tables(path)
+    assert [(row[0], row[1]) for row in rows] == [("seed 1", "all"), ("all", "seed 1")]
+    for _, _, leaves, too, same in rows:
+        assert int(leaves) > 0 and percent(same.rstrip("%")) <= percent(too.rstrip("%"))
 
 
 @pytest.mark.parametrize("cluster", [False, True])
@@ -531,6 +541,13 @@ def loaded_cluster(tmp_path) -> Path:
     toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
                     'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
     return toml
+
+
+@pytest.fixture
+def short_cluster(loaded_cluster) -> Path:
+    """The loaded smoke cluster with episodes of 200 steps: for the probes that play every candidate."""
+    loaded_cluster.write_text(loaded_cluster.read_text().replace("[env]\n", "[env]\nhorizon = 200\n"))
+    return loaded_cluster
 
 
 @pytest.fixture

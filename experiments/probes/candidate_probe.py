@@ -30,21 +30,19 @@ Writes experiments/probes/results/candidate_probe.md, or into --out.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.metrics import roc_auc_score
 
-from experiments.probes.common import probe_parser, save_table, table_name
+from experiments.probes.common import probe_parser, save_table, table_name, told_training_env
 from experiments.probes.worlds_probe import rollout_decide
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig, MultiNodeEnv, sample_episodes
 from mara_env.vector import replay_in_lockstep
-from mara_rl.scheduler_config import scheduler_config, training_env
 
 FEATURES = ("drop", "speed", "out_demand", "out_slack", "out_kept", "in_demand", "in_slack", "in_kept",
             "present", "waiting", "load", "elapsed")
@@ -98,8 +96,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     torch_threads(1)
     profile = Profile.load(args.profile)
-    cfg = dataclasses.replace(training_env(scheduler_config(profile), profile, args.bank or profile.paths.bank),
-                              predictor="oracle", decision_interval=args.hold, rule_hint=None)
+    cfg = told_training_env(profile, args.bank, args.hold)
     fitted = judged_candidates(cfg, args.episodes, args.seed + 600_000)
     held = judged_candidates(cfg, args.held_out, args.seed + 700_000)
     x, y = np.concatenate([f for f, _ in fitted]), np.concatenate([g for _, g in fitted]) > 0

@@ -38,6 +38,13 @@ def probe_parser(doc: str, fm: bool = False, roots: bool = False) -> argparse.Ar
     return parser
 
 
+def told_training_env(profile: Profile, bank: Path | None, hold: int) -> EnvConfig:
+    """The scheduler's training env (ID train) told every task's true demand (the `oracle`
+    predictor), deciding at events every `hold` steps at most, with no rule hint."""
+    return dataclasses.replace(training_env(scheduler_config(profile), profile, bank or profile.paths.bank),
+                               predictor="oracle", decision_interval=hold, rule_hint=None)
+
+
 def add_alternatives_flag(parser: argparse.ArgumentParser) -> None:
     """--alternatives: how many swaps, and as many drops, a search draws at a decision; `all`:
     every swap and every drop, so its choice is a function of the state alone."""
