@@ -443,7 +443,7 @@ def test_candidate_features_describe_the_node_each_candidate_changes(smoke_bank)
 
 def test_candidate_probe(short_cluster, smoke_bank, tmp_path):
     path = probe("candidate_probe").main(["--profile", str(short_cluster), "--bank", str(smoke_bank), "--out", str(tmp_path),
-                                          "--episodes", "1", "--held-out", "1", "--hold", "5"])
+                                          "--episodes", "1", "--held-out", "1", "--hold", "10"])
     [[row]] = tables(path)
     assert int(row[0]) > 0 and int(row[2]) > 0
     assert all(0 <= percent(row[k].rstrip("%")) <= 100 for k in (1, 3))
@@ -455,7 +455,7 @@ def test_draw_probe(short_cluster, smoke_bank, tmp_path):
     """Every ordered pair of labellers gets a row, and where the first leaves the teacher the second
     can take its action only where it leaves the teacher too."""
     path = probe("draw_probe").main(["--profile", str(short_cluster), "--bank", str(smoke_bank), "--out", str(tmp_path),
-                                     "--episodes", "1", "--seeds", "1", "--hold", "5"])
+                                     "--episodes", "1", "--seeds", "1", "--hold", "10"])
     [rows] = tables(path)
     assert [(row[0], row[1]) for row in rows] == [("seed 1", "all"), ("all", "seed 1")]
     for _, _, leaves, too, same in rows:
