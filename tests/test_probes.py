@@ -412,8 +412,7 @@ def test_the_search_over_every_candidate_decides_by_the_state_alone(smoke_bank):
         assert len(every[0]) == count and all(np.array_equal(a, b) for a, b in zip(*every, strict=True))
     drawn = {tuple(candidates("swap", action, env, 1, np.random.default_rng(seed))[0]) for seed in range(10)}
     assert len(drawn) > 1  # a drawn candidate is the seed's
-    decisions = [worlds.rollout_decide(None, 1, None, 0.25, np.zeros(0), seed=seed, arrivals=False,
-                                       persist_drops=False)(None, [env.clone()]) for seed in (0, 1)]
+    decisions = [worlds.told_search(None, seed)(None, [env.clone()]) for seed in (0, 1)]
     assert np.array_equal(*decisions)
     parser = common.probe_parser("a probe")
     common.add_alternatives_flag(parser)

@@ -37,7 +37,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.metrics import roc_auc_score
 
 from experiments.probes.common import probe_parser, save_table, table_name, told_training_env
-from experiments.probes.worlds_probe import rollout_decide
+from experiments.probes.worlds_probe import told_search
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -78,9 +78,8 @@ def candidate_rows(env: MultiNodeEnv, action: np.ndarray, options: list[tuple[st
 def judged_candidates(cfg: EnvConfig, episodes: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per judged decision of the exhaustive told search on `episodes` episodes: (features, gains)."""
     decisions: list[tuple[np.ndarray, np.ndarray]] = []
-    search = rollout_decide(None, 1, None, 0.25, np.zeros(0), seed=seed, arrivals=False, persist_drops=False,
-                            on_judged=lambda env, action, options, gain: decisions.append(
-                                (candidate_rows(env, action, options), gain.copy())))
+    search = told_search(None, seed, on_judged=lambda env, action, options, gain: decisions.append(
+        (candidate_rows(env, action, options), gain.copy())))
     replay_in_lockstep(cfg, sample_episodes(cfg, episodes, seed), search)
     if not decisions:
         raise ConfigError(f"no contended decision in {episodes} episodes: give more, or a heavier load")

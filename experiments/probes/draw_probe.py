@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.probes.common import probe_parser, save_table, table_name, told_training_env
-from experiments.probes.worlds_probe import TEACHER, rollout_decide
+from experiments.probes.worlds_probe import TEACHER, told_search
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> Path:
     teacher = demonstrations(cfg, TEACHER, args.episodes, seed).actions.numpy()
     labels = {}
     for name, count, draw in [*((f"seed {s}", 3, s) for s in comma_list(args.seeds, "--seeds", int)), ("all", None, 0)]:
-        search = rollout_decide(None, 1, count, 0.25, np.zeros(0), seed=draw, arrivals=False, persist_drops=False)
-        labels[name] = demonstrations(cfg, search, args.episodes, seed, driver=blind_teacher(TEACHER, {})).actions.numpy()
+        labels[name] = demonstrations(cfg, told_search(count, draw), args.episodes, seed,
+                                      driver=blind_teacher(TEACHER, {})).actions.numpy()
     leaves = {name: ~np.all(a == teacher, axis=1) for name, a in labels.items()}
     lines = [f"# How much the told search's labels are its draw's ({profile.name})", "",
              f"{len(teacher)} states of {args.episodes} training episodes played by the told teacher (decisions at "

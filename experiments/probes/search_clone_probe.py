@@ -54,7 +54,7 @@ import torch
 
 from experiments.probes.common import add_alternatives_flag, probe_parser, save_table
 from experiments.probes.rollout_probe import policy_training_env, takes
-from experiments.probes.worlds_probe import rollout_decide
+from experiments.probes.worlds_probe import told_search
 from mara_common.config import ConfigError
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--episodes", type=int, default=184, help="training episodes the search plays for the fit")
     parser.add_argument("--held-out", type=int, default=24, help="other training episodes, never fitted")
     add_alternatives_flag(parser)
-    parser.add_argument("--delta", type=float, default=0.25, help="the search's least gain to deviate")
     parser.add_argument("--epochs", default="20,20", help="epochs of each fitting stage, comma-separated")
     parser.add_argument("--persist-drops", action=argparse.BooleanOptionalAction, default=True,
                         help="a task the search drops stays dropped (off: for that decision only)")
@@ -121,8 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = scheduler_config(profile)
 
     def labels(count: int, offset: int, driver: BatchDecide | None = None) -> Demonstrations:
-        search = rollout_decide(None, 1, args.alternatives, args.delta, np.zeros(0), seed=args.seed + offset,
-                                arrivals=False, persist_drops=args.persist_drops)
+        search = told_search(args.alternatives, args.seed + offset, args.persist_drops)
         demos = demonstrations(env, search, count, args.seed + 200_000 + offset, driver=driver)
         return demos.rows(takeable(module, demos))
 

@@ -271,6 +271,15 @@ def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int | None
     return decide
 
 
+def told_search(alternatives: int | None, seed: int, persist_drops: bool = False,
+                on_judged: Judged | None = None) -> BatchDecide:
+    """The rollout planner in the one true world with no later arrivals (`--planners hindsight
+    --no-arrivals-ahead`): in an env told the exact demand, one step of policy iteration over the
+    told teacher that uses nothing it does not see. (One world: any gain above 0 decides.)"""
+    return rollout_decide(None, 1, alternatives, 0.0, np.zeros(0), seed=seed, arrivals=False,
+                          persist_drops=persist_drops, on_judged=on_judged)
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = probe_parser(__doc__, fm=True, roots=True)
     parser.add_argument("--worlds", type=int, default=16)
