@@ -524,7 +524,7 @@ def test_rollout_probe_fits_a_policy_that_decides_at_events(smoke_bank, fm_dir, 
 def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir, tmp_path):
     policy = untrained_policy(Profile.load("smoke"), smoke_bank, tmp_path / "policy", predictor="fm",
                               fm_path=str(fm_dir), decision_interval=5)
-    path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--episodes", "2",
+    path = run("rollout_probe", smoke_bank, tmp_path, "--policy", str(policy), "--episodes", "1",
                "--share", "1", "--memorise", "3,300")
     assert path.name == "rollout_memorise.md"
     [rows] = tables(path)
@@ -550,12 +550,12 @@ def short_cluster(loaded_cluster) -> Path:
 
 
 @pytest.fixture
-def told_cluster(loaded_cluster, smoke_bank, tmp_path) -> tuple[Path, Path]:
-    """A loaded smoke cluster (its profile file) and an untrained MAT hinted with the teacher, in
-    the env told the exact demand, deciding at events."""
-    policy = untrained_policy(Profile.load(str(loaded_cluster)), smoke_bank, tmp_path / "policy",
+def told_cluster(short_cluster, smoke_bank, tmp_path) -> tuple[Path, Path]:
+    """A loaded smoke cluster of short episodes (its profile file) and an untrained MAT hinted with
+    the teacher, in the env told the exact demand, deciding at events."""
+    policy = untrained_policy(Profile.load(str(short_cluster)), smoke_bank, tmp_path / "policy",
                               predictor="oracle", decision_interval=5, rule_hint="lara_optimistic")
-    return loaded_cluster, policy
+    return short_cluster, policy
 
 
 def test_search_clone_probe_fits_the_searchs_rows(told_cluster, smoke_bank, tmp_path):
