@@ -337,7 +337,7 @@ def test_anchor_needs_a_warm_start() -> None:
 
 def test_ppo_at_events_with_the_privileged_critic_exports_a_policy_of_observations_only(
         smoke_bank: Path, mlflow_store: str, ray_local: None, tmp_path: Path) -> None:
-    """Held decisions, the privileged critic and `llf` as teacher together (docs/decisions.md,
+    """Held decisions, the privileged critic and `llf` as teacher together (docs/experiments.md,
     "Both together"), at toy sizes: PPO trains, and the exported policy holds its actions
     between events and plays on observations without the critic's features."""
     cfg = smoke_config(decision_interval=5, critic="privileged", imitation_teacher="llf", iterations=1,

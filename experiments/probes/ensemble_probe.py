@@ -1,6 +1,6 @@
 """Probe: does an ensemble of one recipe's training seeds decide better than its members?
 
-Seeds of a recipe depart from their shared teacher in different places (docs/decisions.md,
+Seeds of a recipe depart from their shared teacher in different places (docs/experiments.md,
 "A privileged critic"); an ensemble keeps the departures its members agree on. It decodes
 the joint action node by node, in the MAT's order, each node taking the action with the
 highest sum of the members' log-probabilities given the nodes decided before it (greedy,

@@ -1,6 +1,6 @@
 """Probe: does FM's error on a task persist, so that a task's own past errors could correct it?
 
-FM's median is off by a per-task factor (docs/decisions.md, "Predictor"). If that factor
+FM's median is off by a per-task factor (docs/experiments.md, "A task's own past errors"). If that factor
 persisted along a run, a predictor could measure it on the part of the curve it has
 already seen: forecast from an earlier prefix, compare with the present, and correct the
 forecast from the present by the same amount. For each of the evaluation protocol's

@@ -137,7 +137,7 @@ def fit(profile: Profile, args: argparse.Namespace) -> list[str]:
     module, env = policy_training_env(profile, args)
     cfg = scheduler_config(profile)
     # Fixed offsets from --seed: the teacher's demonstrations, each round's labeller and training
-    # episodes, and each refit draw apart (the figures in docs/decisions.md are --seed 0's).
+    # episodes, and each refit draw apart (the figures in docs/experiments.md are --seed 0's).
     demos = demonstrations(env, TEACHER, cfg.imitation_episodes, args.seed + 7)
     start = evaluate_policy(module, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
     lines = [f"# Fitting the MAT to rollout labels ({args.policy}, decisions at events every "

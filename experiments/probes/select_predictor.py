@@ -16,7 +16,7 @@ step past that edge (the first grid, default and small networks × 25, 50 and
 100 epochs, picked small × 25, so tiny networks and 12 epochs were added;
 with the prior and the wide families the default network won at 25 epochs, so
 the large network and 12 and 50 epochs were added; a network above the large one
-would miss FM's speed target, docs/decisions.md). No
+would miss FM's speed target, docs/experiments.md, "A larger network"). No
 OOD set is read here: the winner is scored once with `mara eval-predictor`
 after it is retrained on every ID family.
 
@@ -45,7 +45,7 @@ times the parameters, so among near-ties one network is preferred. `--seeds 3`
 trains each candidate (each ensemble) three times with different seeds (the
 profile's seed and the next ones; replicate r of a K-member ensemble takes the
 K seeds after replicate r−1's) and the rule reads the mean over seeds: one
-training seed moves the held-out MAE by about 5% (docs/decisions.md, "A deep
+training seed moves the held-out MAE by about 5% (docs/experiments.md, "A deep
 ensemble of FM"), more than the 2% tolerance.
 
 The held-out MAE is computed here from each candidate's last checkpoint with

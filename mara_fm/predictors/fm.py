@@ -74,7 +74,7 @@ class SampledPredictor(Predictor):
     @abstractmethod
     def resampled(self, sampler_seed: int) -> SampledPredictor:
         """The same networks with another fixed draw of their starting points: the draw moves
-        what an allocator does about as much as the network does (docs/decisions.md, "Near
+        what an allocator does about as much as the network does (docs/experiments.md, "Near
         predictors are ordered…"), so comparisons of predictors may average over draws."""
 
     def _predict(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
