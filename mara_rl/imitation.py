@@ -101,8 +101,8 @@ def teacher_policy(teacher: str) -> BatchDecide:
 
 def demonstrations(env_cfg: EnvConfig, teacher: str | BatchDecide, episodes: int, seed: int,
                    driver: BatchDecide | None = None) -> Demonstrations:
-    """The teacher's (one of `TEACHERS`, or a batch decision rule such as a
-    `mara_rl.rollout_labels.RolloutLabeller`) joint actions on `episodes` episodes of `env_cfg`.
+    """The teacher's (one of `TEACHERS`, or any batch decision rule, such as a search that
+    labels states) joint actions on `episodes` episodes of `env_cfg`.
 
     With a `driver` the episodes are played by the driver, and the teacher only labels
     the states the driver reaches (DAgger); returns-to-go are then the driver's."""

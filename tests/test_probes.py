@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from experiments.probes import common, select_predictor
+from experiments.probes.rollout_labels import RolloutLabeller, candidates
 from experiments.probes.rollout_probe import label_share
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
@@ -28,7 +29,6 @@ from mara_rl.evaluate import pooled_episodes
 from mara_rl.imitation import Demonstrations
 from mara_rl.mat_module import MATConfig
 from mara_rl.policy import act, export_policy, load_policy, module_spec
-from mara_rl.rollout_labels import RolloutLabeller, candidates
 from mara_rl.scheduler_config import scheduler_config, training_env
 
 SMOKE = ["--profile", "smoke"]

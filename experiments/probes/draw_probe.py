@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from experiments.probes.common import probe_parser, save_table, table_name, told_training_env
+from experiments.probes.rollout_labels import blind_teacher
 from experiments.probes.worlds_probe import TEACHER, told_search
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
 from mara_rl.imitation import demonstrations
-from mara_rl.rollout_labels import blind_teacher
 
 
 def main(argv: list[str] | None = None) -> Path:

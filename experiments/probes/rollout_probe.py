@@ -4,8 +4,8 @@ A learned scheduler beats its teacher only where some other action does better.
 This plays the teacher (`lara_optimistic` on FM) on frozen ID validation
 episodes with decisions at events (`--interval`), and at a share of the states
 where it leaves a task waiting, copies the env (`MultiNodeEnv.clone`) and
-plays paired rollouts (`mara_rl.rollout_labels`) of the rest of the episode: the teacher's own action
-against up to `--alternatives` candidates of two kinds,
+plays paired rollouts (`experiments.probes.rollout_labels`) of the rest of the
+episode: the teacher's own action against up to `--alternatives` candidates of two kinds,
 
 - *swap*: the teacher's action with one served task replaced by a waiting one,
   held until the next decision, the teacher deciding afterwards;
@@ -20,7 +20,7 @@ AggreVaTe-style) are too sparse to teach a policy to beat the teacher.
 
 With `--policy DIR` (a MAT trained with decisions at events, e.g. a run's
 `warm_start_policy`), it instead fits that MAT to such labels on the states it
-reaches itself (`mara_rl.rollout_labels.RolloutLabeller`, ID training
+reaches itself (`experiments.probes.rollout_labels.RolloutLabeller`, ID training
 episodes), round after round, and validates it after each round as the
 trainer does (greedy, its 128 ID val episodes); `--weight W` repeats every
 state where a candidate beat the teacher W times in the fit. At those states
@@ -52,6 +52,13 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from experiments.probes.common import probe_parser, save_table
+from experiments.probes.rollout_labels import (
+    KINDS,
+    RolloutLabeller,
+    blind_teacher,
+    candidates,
+    judge,
+)
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -62,7 +69,6 @@ from mara_rl.evaluate import pooled_episodes
 from mara_rl.imitation import Demonstrations, demonstrations, imitate
 from mara_rl.mat_module import MATModule
 from mara_rl.policy import act, load_policy, policy_env
-from mara_rl.rollout_labels import KINDS, RolloutLabeller, blind_teacher, candidates, judge
 from mara_rl.scheduler_config import scheduler_config, training_env
 from mara_rl.train_scheduler import evaluate_policy
 

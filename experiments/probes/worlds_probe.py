@@ -10,8 +10,8 @@ A world draws, for every task past its warm-up, one of FM's M sampled crossings
 - `rollout` (one step of policy iteration over the teacher): at each contended
   decision (decisions at events, each held up to `--hold` steps) the teacher's
   joint action competes with `--alternatives` swaps and as many drops, drawn at
-  random (`all`: every one; `mara_rl.rollout_labels`); each is played to the
-  episode's end by the teacher in each of W worlds, the same worlds for every
+  random (`all`: every one; `experiments.probes.rollout_labels`); each is played
+  to the episode's end by the teacher in each of W worlds, the same worlds for every
   candidate, and a candidate replaces the teacher's action only if its mean
   gain is at least `--delta` successes and two standard errors above 0 (the
   argmax of W noisy sums otherwise changes half the decisions for nothing). In a world a task's curve is bent to
@@ -56,6 +56,7 @@ from experiments.probes.common import (
     success,
     table_name,
 )
+from experiments.probes.rollout_labels import KINDS, candidates, view_without
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_common.threads import torch_threads
@@ -68,7 +69,6 @@ from mara_fm.bank import CurveSet
 from mara_fm.predictors import WARMUP_POINTS, FMPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_rl.evaluate import pooled_episodes
-from mara_rl.rollout_labels import KINDS, candidates, view_without
 
 TEACHER = "lara_optimistic"
 Judged = Callable[[MultiNodeEnv, np.ndarray, list[tuple[str, np.ndarray | int]], np.ndarray], None]
