@@ -534,19 +534,14 @@ def test_rollout_probe_memorise_fits_copies_on_one_label_set(smoke_bank, fm_dir,
 
 
 @pytest.fixture
-def loaded_cluster(tmp_path) -> Path:
-    """The profile file of a loaded smoke cluster."""
+def short_cluster(tmp_path) -> Path:
+    """The profile file of a loaded smoke cluster (`CLUSTER`) with episodes of 200 steps: for the
+    probes that play every candidate."""
     toml = tmp_path / "smoke-cluster.toml"
-    toml.write_text('extends = "smoke"\n\n[env]\narrival_prob = 0.08\n\n[env.cluster]\n'
-                    'node_speeds = [2, 2, 1, 1, 1, 0.5, 0.5]\nrestore_lo = 2\nrestore_hi = 10\n')
+    cluster = "".join(f"{key} = {list(value) if isinstance(value, tuple) else value}\n"
+                      for key, value in CLUSTER.items())
+    toml.write_text(f'extends = "smoke"\n\n[env]\nhorizon = 200\narrival_prob = 0.08\n\n[env.cluster]\n{cluster}')
     return toml
-
-
-@pytest.fixture
-def short_cluster(loaded_cluster) -> Path:
-    """The loaded smoke cluster with episodes of 200 steps: for the probes that play every candidate."""
-    loaded_cluster.write_text(loaded_cluster.read_text().replace("[env]\n", "[env]\nhorizon = 200\n"))
-    return loaded_cluster
 
 
 @pytest.fixture

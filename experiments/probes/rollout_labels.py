@@ -60,7 +60,8 @@ def candidates(kind: str, action: np.ndarray, env: MultiNodeEnv, count: int | No
     if kind == "drop":
         tasks = env.slot_task[served]
         return [int(k) for k in (tasks if count is None else rng.permutation(tasks)[:count])]
-    waiting = [s + 1 for s in np.flatnonzero(env.slot_task >= 0).tolist() if s not in set(served.tolist())]
+    taken = set(served.tolist())
+    waiting = [s + 1 for s in np.flatnonzero(env.slot_task >= 0).tolist() if s not in taken]
     pairs = [(node, pick) for node in np.flatnonzero(action > 0).tolist() for pick in waiting]
     swapped = []
     for j in (range(len(pairs)) if count is None else rng.permutation(len(pairs))[:count]):

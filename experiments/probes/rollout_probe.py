@@ -5,7 +5,8 @@ This plays the teacher (`lara_optimistic` on FM) on frozen ID validation
 episodes with decisions at events (`--interval`), and at a share of the states
 where it leaves a task waiting, copies the env (`MultiNodeEnv.clone`) and
 plays paired rollouts (`experiments.probes.rollout_labels`) of the rest of the
-episode: the teacher's own action against up to `--alternatives` candidates of two kinds,
+episode: the teacher's own action against up to `--alternatives` candidates of
+two kinds,
 
 - *swap*: the teacher's action with one served task replaced by a waiting one,
   held until the next decision, the teacher deciding afterwards;

@@ -9,15 +9,16 @@ A world draws, for every task past its warm-up, one of FM's M sampled crossings
   (or keep) them now.
 - `rollout` (one step of policy iteration over the teacher): at each contended
   decision (decisions at events, each held up to `--hold` steps) the teacher's
-  joint action competes with `--alternatives` swaps and as many drops, drawn at
-  random (`all`: every one; `experiments.probes.rollout_labels`); each is played
-  to the episode's end by the teacher in each of W worlds, the same worlds for every
-  candidate, and a candidate replaces the teacher's action only if its mean
-  gain is at least `--delta` successes and two standard errors above 0 (the
-  argmax of W noisy sums otherwise changes half the decisions for nothing). In a world a task's curve is bent to
-  reach ε at its drawn crossing; the rolled-out teacher reads the forecasts of
-  the decision (minus the batches served since) for tasks already forecast, and
-  the world's demand for the others. A task the planner drops stays dropped
+  joint action competes with `--alternatives` swaps and as many drops, drawn
+  at random (`all`: every one; `experiments.probes.rollout_labels`); each is
+  played to the episode's end by the teacher in each of W worlds, the same
+  worlds for every candidate, and a candidate replaces the teacher's action
+  only if its mean gain is at least `--delta` successes and two standard errors
+  above 0 (the argmax of W noisy sums otherwise changes half the decisions for
+  nothing). In a world a task's curve is bent to reach ε at its drawn
+  crossing; the rolled-out teacher reads the forecasts of the decision (minus
+  the batches served since) for tasks already forecast, and the world's demand
+  for the others. A task the planner drops stays dropped
   (`--no-persist-drops`: for that decision only).
   Tasks still in warm-up draw their demand from the true demands of training
   tasks. Future arrivals are the episode's own (a leak in the planner's favour),
