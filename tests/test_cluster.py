@@ -220,7 +220,7 @@ def test_a_profile_can_share_another_profiles_stage_one(tmp_path) -> None:
     assert shared.values("bank") == default.values("bank")
     assert shared.section(EnvConfig, "env").cluster.enabled
     assert shared.section(EvalConfig, "evaluation").variants == ("mara",)
-    assert shared.section(ReportConfig, "report").target_margin_rule == 0.03  # the cluster target
+    assert shared.section(ReportConfig, "report").target_margin_rule == 0.03  # the cluster profile's target
     assert default.section(ReportConfig, "report") == ReportConfig()
     own_bank = tmp_path / "own.toml"
     own_bank.write_text('extends = "default"\n[bank]\nseed = 1\n')
