@@ -30,9 +30,10 @@ from mara_rl.imitation import Demonstrations
 from mara_rl.mat_module import MATConfig
 from mara_rl.policy import act, export_policy, load_policy, module_spec
 from mara_rl.scheduler_config import scheduler_config, training_env
+from tests.test_cluster import CLUSTER as CLUSTER_CONFIG
 
 SMOKE = ["--profile", "smoke"]
-CLUSTER = {"node_speeds": (2, 2, 1, 1, 1, 0.5, 0.5), "restore_lo": 2, "restore_hi": 10}  # the cluster profile's
+CLUSTER = dataclasses.asdict(CLUSTER_CONFIG)  # the cluster profile's, as profile settings
 
 
 def probe(name: str) -> ModuleType:
