@@ -11,6 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
+import os
+import pickle
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,9 @@ class EvalConfig:
     # The learned variants (`mara_rl.methods.VARIANTS`) that `mara reproduce` trains and evaluates.
     variants: tuple[str, ...] = setting(tuple(v.name for v in VARIANTS if v.standard),
                                         help="learned variants to train")
+    # Processes that evaluate (method, task set, load) cells side by side. Each cell runs whole
+    # in one process on one torch thread, so the figures do not depend on this.
+    workers: int = setting(0, ge=0, help="evaluation processes (0: one per CPU core)")
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -203,18 +210,20 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
 
 def _evaluate(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
               env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str, progress: bool) -> list[Record]:
-    records: list[Record] = []
-    combos = [(ts, load, m) for ts in task_sets for load in loads for m in methods]
-    for task_set, load, method in tqdm(combos, desc="evaluate", disable=not progress):
+    cells: list[Cell] = []
+    for task_set, load, method in [(ts, load, m) for ts in task_sets for load in loads for m in methods]:
         cfg = EnvConfig(**{**asdict(env_cfg), "task_set": task_set, "split": eval_cfg.split,
                            "arrival_prob": load, "bank": str(bank)})
         count = 1 if scenario == "stress" else eval_cfg.episodes_per_root
+        # Made here, before any worker starts, so that no two processes write one episode file.
         episodes = [frozen_episodes(bank, task_set, eval_cfg.split, load, r, count, cfg.horizon,
                                     cfg.workload, scenario) for r in range(eval_cfg.roots)]
-        out = evaluate_method(method, cfg, episodes)
+        cells.append((method, cfg, episodes))
+    records: list[Record] = []
+    for (method, cfg, _), out in zip(cells, evaluate_cells(cells, eval_cfg.workers, progress), strict=True):
         root_means = [float(np.mean(r)) for r in out["per_root"]]
         records.append(Record(
-            method=method.name, task_set=task_set, load=load, scenario=scenario,
+            method=method.name, task_set=cfg.task_set, load=cfg.arrival_prob, scenario=scenario,
             success_rate_mean=float(np.mean(root_means)),
             success_rate_std=float(np.std(root_means, ddof=1)) if len(root_means) > 1 else 0.0,
             per_root=root_means, per_episode=[x for r in out["per_root"] for x in r],
@@ -222,6 +231,51 @@ def _evaluate(methods: list[Method], task_sets: list[str], loads: list[float], b
             seed=method.seed, split=eval_cfg.split,
         ))
     return records
+
+
+Cell = tuple[Method, EnvConfig, list[list[Episode]]]  # a method on one task set and load's episodes
+
+
+def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -> list[dict]:
+    """`evaluate_method` of every cell, in order, on up to `workers` processes (0: one per
+    CPU core).
+
+    A cell is independent of every other (its episodes are frozen, the predictors draw
+    fixed samples, the policies act greedily) and runs whole in one process on one torch
+    thread, so the results are the same on any number of workers. Workers are spawned,
+    not forked: the calling process may hold Ray's or MLflow's threads. Cells whose method
+    does not pickle (a lambda written in a test or a probe) keep the evaluation in this process.
+    """
+    workers = min(workers or os.cpu_count() or 1, len(cells))
+    if workers > 1 and not all(_pickles(method) for method, _, _ in cells):
+        workers = 1
+    bar = tqdm(total=len(cells), desc="evaluate", disable=not progress)
+    if workers == 1:
+        outs = []
+        for cell in cells:
+            outs.append(evaluate_method(*cell))
+            bar.update()
+        bar.close()
+        return outs
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_evaluate_cell, cell) for cell in cells]
+        for _ in as_completed(futures):
+            bar.update()
+    bar.close()
+    return [f.result() for f in futures]
+
+
+def _evaluate_cell(cell: Cell) -> dict:
+    with torch_threads(1):
+        return evaluate_method(*cell)
+
+
+def _pickles(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def markdown_table(records: list[Record]) -> str:

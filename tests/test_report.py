@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -438,3 +439,23 @@ def test_comparison_plot_accepts_a_mean_a_rounding_error_outside_its_interval(tm
     report = {"table2_comparisons": {"mean": {"edf": cell}}, "table3_comparisons": {"edf": cell},
               "load_sweep_comparisons": {}, "reference": "mara"}
     assert plot_comparisons(report, tmp_path / "c.png").stat().st_size > 0
+
+
+def test_the_evaluation_is_the_same_on_two_processes(smoke_bank: Path, untrained_fm, tmp_path: Path) -> None:
+    """Cells handed to spawned workers come back in order with every figure bit for bit as
+    one process computes them, an FM reader's included."""
+    fm = untrained_fm.export(tmp_path / "fm")
+    available = builtin_methods(fm, {"optimistic_quantile": 0.15})
+    methods = [available[m] for m in ("lara_fm_optimistic", "edf", "oracle")]
+    for method in methods:  # raises where a method would keep the evaluation in this process
+        pickle.dumps(method)
+
+    def run(workers: int) -> str:
+        records = evaluate(methods, ["id", "rl_ood"], [0.04], smoke_bank, EnvConfig(bank=str(smoke_bank)),
+                           EvalConfig(roots=2, episodes_per_root=2, workers=workers), log_mlflow=False,
+                           progress=False)
+        return json.dumps([dataclasses.asdict(r) for r in records])
+
+    alone = run(1)
+    assert json.loads(alone)[0]["method"] == "lara_fm_optimistic" and json.loads(alone)[-1]["task_set"] == "rl_ood"
+    assert run(2) == alone
