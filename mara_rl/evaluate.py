@@ -238,7 +238,7 @@ Cell = tuple[Method, EnvConfig, list[list[Episode]]]  # a method on one task set
 
 def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -> list[dict]:
     """`evaluate_method` of every cell, in order, on up to `workers` processes (0: one per
-    CPU core).
+    CPU core this process may use).
 
     A cell is independent of every other (its episodes are frozen, the predictors draw
     fixed samples, the policies act greedily) and runs whole in one process on one torch
@@ -246,22 +246,13 @@ def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -
     not forked: the calling process may hold Ray's or MLflow's threads. Cells whose method
     does not pickle (a lambda written in a test or a probe) keep the evaluation in this process.
     """
-    workers = min(workers or os.cpu_count() or 1, len(cells))
-    if workers > 1 and not all(_pickles(method) for method, _, _ in cells):
-        workers = 1
-    bar = tqdm(total=len(cells), desc="evaluate", disable=not progress)
-    if workers == 1:
-        outs = []
-        for cell in cells:
-            outs.append(evaluate_method(*cell))
-            bar.update()
-        bar.close()
-        return outs
+    workers = min(workers or len(os.sched_getaffinity(0)), len(cells))
+    if workers <= 1 or not all(_pickles(method) for method, _, _ in cells):
+        return [evaluate_method(*cell) for cell in tqdm(cells, desc="evaluate", disable=not progress)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(_evaluate_cell, cell) for cell in cells]
-        for _ in as_completed(futures):
-            bar.update()
-    bar.close()
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="evaluate", disable=not progress):
+            pass
     return [f.result() for f in futures]
 
 
