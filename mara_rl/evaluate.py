@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mara_common.config import ConfigError, check_config, setting
+from mara_common.kernels import machine
 from mara_common.paths import EPISODE_DIR
 from mara_common.threads import torch_threads
 from mara_common.tracking import mlflow_run
@@ -40,9 +41,12 @@ from mara_env.workload import (
     stress_episode,
 )
 from mara_fm.bank import CurveSet, bank_digest
+from mara_fm.predictors import predictor_digest
 from mara_rl.methods import VARIANTS, Method
+from mara_rl.policy import policy_digest
 
 EVAL_EXPERIMENT = "mara-evaluation"
+INPUTS_JSON = "inputs.json"  # beside an evaluation's results.json: `evaluation_inputs`
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
 # Slack of a task = its window minus the batches it truly needs; feasible tasks have slack ≥ 0.
 # Completion per slack band shows where methods differ: every method finishes the roomy
@@ -202,7 +206,7 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     with torch_threads(1):
         records = _evaluate(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario, progress)
     if out_dir is not None:
-        write_results(records, Path(out_dir))
+        write_results(records, Path(out_dir), evaluation_inputs(methods, bank))
     if log_mlflow:
         log_records(records, out_dir, tags)
     return records
@@ -291,10 +295,27 @@ def markdown_table(records: list[Record]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(records: list[Record], out_dir: Path) -> None:
+def evaluation_inputs(methods: list[Method], bank: Path) -> dict[str, Any]:
+    """What an evaluation's figures rest on: the content digests of the bank, of the predictors
+    read from files (FM's export, the history pool's bank; by kind) and of each learned
+    policy's weights, and the machine they were computed on."""
+    predictors: dict[str, set[str]] = {}
+    for m in methods:
+        kind, has_files, _ = m.predictor.partition(":")
+        if has_files:
+            predictors.setdefault(kind, set()).add(predictor_digest(m.predictor))
+    return {"bank": bank_digest(bank), "machine": machine(),
+            "predictors": {kind: sorted(digests) for kind, digests in predictors.items()},
+            "policies": {m.label: policy_digest(m.policy) for m in methods if m.policy}}
+
+
+def write_results(records: list[Record], out_dir: Path, inputs: dict[str, Any] | None = None) -> None:
+    """results.json and results.md, and `inputs` (`evaluation_inputs`) as inputs.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps([asdict(r) for r in records], indent=1))
     (out_dir / "results.md").write_text(markdown_table(records))
+    if inputs is not None:
+        (out_dir / INPUTS_JSON).write_text(json.dumps(inputs, indent=1))
 
 
 def record_name(r: Record) -> str:

@@ -132,6 +132,11 @@ class Method:
     view: dict[str, Any] = field(default_factory=dict)
     # A policy's `EnvConfig.cluster` (as a dict): the evaluation must run the same.
     cluster: dict[str, Any] | None = None
+    policy: str | None = None  # a learned method's exported policy folder
+
+    @property
+    def label(self) -> str:
+        return self.name if self.seed is None else f"{self.name} (seed {self.seed})"
 
     def env_config(self, env_cfg: EnvConfig, **extra: Any) -> EnvConfig:
         """`env_cfg` with this method's predictor and view options (the others off)."""
@@ -167,7 +172,7 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
     trained_in = policy_env(policy_dir)
     predictor, cluster = trained_in.pop("predictor"), trained_in.pop("cluster")
     return Method(name, predictor, functools.partial(_policy, str(policy_dir)), seed, view=trained_in,
-                  cluster=cluster)
+                  cluster=cluster, policy=str(policy_dir))
 
 
 def builtin_methods(fm_path: str | Path | None, view: dict[str, Any],

@@ -43,7 +43,7 @@ from mara_rl.methods import (
     parse_policies,
 )
 from mara_rl.policy import POLICY_SPEC
-from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
+from mara_rl.report import REPORT_JSON, ReportConfig, load_inputs, load_records, write_report
 from mara_rl.run_state import load_state, policy_dir, run_inputs, settings_changed
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
 from mara_rl.timeline import TIMELINE_PNG, record
@@ -217,7 +217,7 @@ def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | 
     out_dir = out_dir or paths.report
     write_report(load_records(results), out_dir, profile.name, cfg or profile.section(ReportConfig, "report"),
                  predictor_eval or paths.predictor_eval, log_mlflow,
-                 publish_to=paths.results if publish else None)
+                 publish_to=paths.results if publish else None, inputs=load_inputs(results))
     return out_dir / "report.md"
 
 

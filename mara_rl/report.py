@@ -36,7 +36,14 @@ from mara_common.paths import README
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_fm.eval_predictor import markdown_table as predictor_table
-from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, EVAL_EXPERIMENT, Record, slack_bands
+from mara_rl.evaluate import (
+    COMPLETION,
+    DIAGNOSTICS,
+    EVAL_EXPERIMENT,
+    INPUTS_JSON,
+    Record,
+    slack_bands,
+)
 from mara_rl.methods import SPECS, rule_names
 from mara_rl.stats import BootstrapConfig, difference_matrix, hierarchical_bootstrap, mean_std
 from mara_rl.timeline import TIMELINE_PNG
@@ -87,6 +94,32 @@ def load_records(paths: Sequence[str | Path]) -> list[Record]:
             raise ConfigError(f"{path}: not a results file of `mara evaluate` ({exc}); "
                               "evaluate again to rewrite it") from None
     return records
+
+
+def load_inputs(results: Sequence[str | Path]) -> dict[str, Any]:
+    """The `inputs.json` beside each `results.json` (an evaluation's `evaluation_inputs`),
+    merged: every distinct value of each input, so that two evaluations made from different
+    files show both."""
+    merged: dict[str, Any] = {"bank": set(), "machine": [], "predictors": {}, "policies": {}}
+    for path in results:
+        file = Path(path).with_name(INPUTS_JSON)
+        if not file.exists():
+            continue
+        try:
+            inputs = json.loads(file.read_text())
+            merged["bank"].add(inputs["bank"])
+            if inputs["machine"] not in merged["machine"]:
+                merged["machine"].append(inputs["machine"])
+            for group in ("predictors", "policies"):
+                for key, value in inputs[group].items():
+                    merged[group].setdefault(key, set()).update([value] if isinstance(value, str) else value)
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{file}: not an inputs file of `mara evaluate` ({exc!r}); "
+                              "evaluate again to rewrite it") from None
+    if not merged["bank"]:
+        return {}
+    return {"bank": sorted(merged["bank"]), "machine": merged["machine"],
+            **{g: {k: sorted(v) for k, v in merged[g].items()} for g in ("predictors", "policies")}}
 
 
 def method_names(records: list[Record]) -> list[str]:
@@ -450,7 +483,26 @@ def render(report: dict[str, Any], profile: str) -> str:
                f"drawn one by one. The interval is the percentile interval of {boot['resamples']} "
                f"resamples, level {boot['level']:g}, seed {boot['seed']}. With one seed this is "
                f"the bootstrap over episodes.\n")
+    if report.get("inputs"):
+        out.append(inputs_section(report["inputs"]))
     return "\n".join(out)
+
+
+def inputs_section(inputs: dict[str, Any]) -> str:
+    """The digests and the machine behind the figures, to check a rebuild against."""
+    def cell(values: list[str]) -> str:
+        return ", ".join(f"`{v}`" for v in values) + (" (differs between evaluations)" if len(values) > 1 else "")
+
+    rows = [["bank", cell(inputs["bank"])]]
+    rows += [[f"predictor {kind}", cell(v)] for kind, v in inputs["predictors"].items()]
+    rows += [[f"policy {label}", cell(v)] for label, v in inputs["policies"].items()]
+    machines = "; ".join(f"{m['processor']} ({m['vector']}), kernels {m['kernels']}, torch {m['torch']}, "
+                         f"numpy {m['numpy']}" for m in inputs["machine"])
+    return ("## Inputs\n\nContent digests (SHA-256, first 16 hex digits) of the files these figures were "
+            "computed from: the bank, the predictors read from files, each trained policy's weights. A "
+            "rebuild with the same digests, evaluated on a machine that agrees in every item of the last "
+            "line, gives the same figures.\n\n" + table(["input", "digest"], rows)
+            + f"\nComputed on: {machines}.\n")
 
 
 # ---------------------------------------------------------------- figures
@@ -495,13 +547,15 @@ def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
 # ---------------------------------------------------------------- entry point
 def write_report(records: list[Record], out_dir: Path, profile: str,
                  cfg: ReportConfig = ReportConfig(), predictor_eval: Path | None = None,
-                 log_mlflow: bool = True, publish_to: Path | None = None) -> dict[str, Any]:
+                 log_mlflow: bool = True, publish_to: Path | None = None,
+                 inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """report.json, report.md and PNGs into `out_dir`; logged to `mara-evaluation`. With
     `publish_to`, report.md and the PNGs are copied there (the tracked `results/<profile>/`)
-    and, for the default profile, the README's results block is rewritten from them."""
+    and, for the default profile, the README's results block is rewritten from them.
+    `inputs` (`load_inputs`) closes the report with what the figures were computed from."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pred = json.loads(predictor_eval.read_text()) if predictor_eval and predictor_eval.exists() else None
-    report = build(records, cfg, pred)
+    report = {**build(records, cfg, pred), "inputs": inputs or {}}
     (out_dir / REPORT_JSON).write_text(json.dumps(report, indent=1))
     text = render(report, profile)
     if (out_dir / TIMELINE_PNG).exists():  # written by the pipeline's timeline stage
