@@ -25,6 +25,7 @@ from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_fm.bank import bank_digest
 from mara_fm.predictors import predictor_digest
+from mara_rl import evaluate as evaluate_module
 from mara_rl.cli import main
 from mara_rl.evaluate import (
     EvalConfig,
@@ -502,3 +503,34 @@ def test_the_report_closes_with_what_its_figures_were_computed_from(smoke_bank: 
     both = load_inputs([tmp_path / "main" / "results.json", other / "results.json"])
     assert both["bank"] == sorted([bank_digest(smoke_bank), "0" * 16]) and both["policies"] == inputs["policies"]
     assert "| bank | " in inputs_section(both) and "(differs between evaluations)" in inputs_section(both)
+
+
+def test_a_rerun_evaluates_only_the_cells_whose_inputs_changed(smoke_bank: Path, untrained_fm, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `reuse`, a cell keeps its record while its bank, predictor, policy, settings and the
+    code are the same; another FM export re-evaluates FM's readers only; `reuse=False` all."""
+    fm = untrained_fm.export(tmp_path / "fm")
+    rules = builtin_methods(fm, {})
+    methods = [rules["edf"], rules["lara_fm"]]
+    evaluated: list[str] = []
+    real = evaluate_module.evaluate_method
+    monkeypatch.setattr(evaluate_module, "evaluate_method",
+                        lambda method, *rest: evaluated.append(method.name) or real(method, *rest))
+
+    def run(reuse: bool = True) -> str:
+        evaluated.clear()
+        records = evaluate(methods, ["id", "rl_ood"], [0.04], smoke_bank, EnvConfig(bank=str(smoke_bank)),
+                           EvalConfig(roots=1, episodes_per_root=2, workers=1), out_dir=tmp_path / "eval",
+                           log_mlflow=False, progress=False, reuse=reuse)
+        return json.dumps([dataclasses.asdict(r) for r in records])
+
+    first = run()
+    assert sorted(evaluated) == ["edf", "edf", "lara_fm", "lara_fm"]
+    assert run() == first and evaluated == []
+    meta = json.loads((fm / "config.json").read_text())
+    meta["config"]["inference"] = "numpy"  # the same network on the other backend: another export
+    (fm / "config.json").write_text(json.dumps(meta))
+    run()
+    assert evaluated == ["lara_fm", "lara_fm"]
+    run(reuse=False)
+    assert sorted(evaluated) == ["edf", "edf", "lara_fm", "lara_fm"]
