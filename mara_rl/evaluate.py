@@ -8,7 +8,6 @@ the env (LARA reads WLS predictions, LARA-FM reads FM predictions).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -24,7 +23,6 @@ import numpy as np
 from tqdm import tqdm
 
 from mara_common.config import ConfigError, check_config, setting
-from mara_common.kernels import machine
 from mara_common.paths import EPISODE_DIR
 from mara_common.threads import torch_threads
 from mara_common.tracking import mlflow_run
@@ -42,13 +40,10 @@ from mara_env.workload import (
     stress_episode,
 )
 from mara_fm.bank import CurveSet, bank_digest
-from mara_fm.predictors import predictor_digest
 from mara_rl.methods import VARIANTS, Method
-from mara_rl.policy import policy_digest
+from mara_rl.provenance import INPUTS_JSON, cell_key, evaluation_inputs
 
 EVAL_EXPERIMENT = "mara-evaluation"
-INPUTS_JSON = "inputs.json"  # beside an evaluation's results.json: `evaluation_inputs` and cell keys
-CODE_PACKAGES = ("mara_common", "mara_env", "mara_fm", "mara_rl")  # what `code_digest` reads
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
 # Slack of a task = its window minus the batches it truly needs; feasible tasks have slack ≥ 0.
 # Completion per slack band shows where methods differ: every method finishes the roomy
@@ -210,7 +205,8 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     """
     with torch_threads(1):
         cells = planned_cells(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario)
-        keys = [cell_key(method, cfg, eval_cfg, scenario) for method, cfg, _ in cells]
+        episodes = [eval_cfg.split, eval_cfg.roots, eval_cfg.episodes_per_root]
+        keys = [cell_key(method, cfg, scenario, episodes) for method, cfg, _ in cells]
         stored = stored_records(Path(out_dir)) if reuse and out_dir is not None else {}
         todo = [i for i, key in enumerate(keys) if key not in stored]
         if stored and progress:
@@ -250,30 +246,6 @@ def to_record(method: Method, cfg: EnvConfig, out: dict, scenario: str, eval_cfg
         tasks_per_episode=float(np.mean(out["tasks"])), diagnostics=out["diagnostics"],
         seed=method.seed, split=eval_cfg.split,
     )
-
-
-@functools.cache
-def code_digest() -> str:
-    """A hash of the source of the packages an evaluation runs: a changed rule, simulator or
-    predictor makes every stored cell stale."""
-    root = Path(__file__).resolve().parents[1]
-    sha = hashlib.sha256()
-    for path in sorted(p for pkg in CODE_PACKAGES for p in (root / pkg).rglob("*.py")):
-        sha.update(path.relative_to(root).as_posix().encode())
-        sha.update(path.read_bytes())
-    return sha.hexdigest()[:16]
-
-
-def cell_key(method: Method, cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str) -> str:
-    """A digest of what a cell's record depends on: the env the method runs (its task set, load,
-    view and every other setting), the content of the bank, of its predictor and of its policy,
-    the episodes' split and count, the scenario, and the code."""
-    env = {k: v for k, v in asdict(method.env_config(cfg)).items() if k not in ("bank", "predictor")}
-    what = {"method": method.label, "env": env, "scenario": scenario, "bank": bank_digest(cfg.bank_path),
-            "predictor": predictor_digest(method.predictor),
-            "policy": policy_digest(method.policy) if method.policy else None,
-            "episodes": [eval_cfg.split, eval_cfg.roots, eval_cfg.episodes_per_root], "code": code_digest()}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def stored_records(out_dir: Path) -> dict[str, Record]:
@@ -347,20 +319,6 @@ def markdown_table(records: list[Record]) -> str:
             f"{fmt(d, 'readiness_steps', 1, 1)} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def evaluation_inputs(methods: list[Method], bank: Path) -> dict[str, Any]:
-    """What an evaluation's figures rest on: the content digests of the bank, of the predictors
-    read from files (FM's export, the history pool's bank; by kind) and of each learned
-    policy's weights, and the machine they were computed on."""
-    predictors: dict[str, set[str]] = {}
-    for m in methods:
-        kind, has_files, _ = m.predictor.partition(":")
-        if has_files:
-            predictors.setdefault(kind, set()).add(predictor_digest(m.predictor))
-    return {"bank": bank_digest(bank), "machine": machine(),
-            "predictors": {kind: sorted(digests) for kind, digests in predictors.items()},
-            "policies": {m.label: policy_digest(m.policy) for m in methods if m.policy}}
 
 
 def write_results(records: list[Record], out_dir: Path, inputs: dict[str, Any] | None = None) -> None:

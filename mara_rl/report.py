@@ -40,7 +40,6 @@ from mara_rl.evaluate import (
     COMPLETION,
     DIAGNOSTICS,
     EVAL_EXPERIMENT,
-    INPUTS_JSON,
     Record,
     slack_bands,
 )
@@ -94,32 +93,6 @@ def load_records(paths: Sequence[str | Path]) -> list[Record]:
             raise ConfigError(f"{path}: not a results file of `mara evaluate` ({exc}); "
                               "evaluate again to rewrite it") from None
     return records
-
-
-def load_inputs(results: Sequence[str | Path]) -> dict[str, Any]:
-    """The `inputs.json` beside each `results.json` (an evaluation's `evaluation_inputs`),
-    merged: every distinct value of each input, so that two evaluations made from different
-    files show both."""
-    merged: dict[str, Any] = {"bank": set(), "machine": [], "predictors": {}, "policies": {}}
-    for path in results:
-        file = Path(path).with_name(INPUTS_JSON)
-        if not file.exists():
-            continue
-        try:
-            inputs = json.loads(file.read_text())
-            merged["bank"].add(inputs["bank"])
-            if inputs["machine"] not in merged["machine"]:
-                merged["machine"].append(inputs["machine"])
-            for group in ("predictors", "policies"):
-                for key, value in inputs[group].items():
-                    merged[group].setdefault(key, set()).update([value] if isinstance(value, str) else value)
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{file}: not an inputs file of `mara evaluate` ({exc!r}); "
-                              "evaluate again to rewrite it") from None
-    if not merged["bank"]:
-        return {}
-    return {"bank": sorted(merged["bank"]), "machine": merged["machine"],
-            **{g: {k: sorted(v) for k, v in merged[g].items()} for g in ("predictors", "policies")}}
 
 
 def method_names(records: list[Record]) -> list[str]:

@@ -31,7 +31,6 @@ from mara_rl.evaluate import (
     EvalConfig,
     Record,
     evaluate,
-    evaluation_inputs,
     slack_bands,
     write_results,
 )
@@ -47,6 +46,7 @@ from mara_rl.pipeline import (
     variant_config,
 )
 from mara_rl.policy import export_policy, module_spec, policy_digest
+from mara_rl.provenance import evaluation_inputs, load_inputs
 from mara_rl.report import (
     MEAN,
     RESULTS_BEGIN,
@@ -57,7 +57,6 @@ from mara_rl.report import (
     compare,
     inputs_section,
     interval,
-    load_inputs,
     mean_pm_std,
     plot_comparisons,
     publish,
