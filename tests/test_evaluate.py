@@ -42,7 +42,7 @@ def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflo
     assert "lara · id · p=0.04" in set(records["tags.mlflow.runName"])
     # The results files are stored once, with the evaluation, not with every record.
     client = mlflow.MlflowClient(mlflow_store)
-    assert {a.path for a in client.list_artifacts(parent.run_id)} == {"results.json", "results.md"}
+    assert {a.path for a in client.list_artifacts(parent.run_id)} == {"results.json", "results.md", "inputs.json"}
     assert not client.list_artifacts(records["run_id"].iloc[0])
     experiment = client.get_experiment_by_name("mara-evaluation")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
