@@ -25,6 +25,7 @@ from mara_fm.bank import bank_digest
 from mara_fm.predictors import predictor_digest
 from mara_rl.methods import Method
 from mara_rl.policy import policy_digest
+from mara_rl.run_state import run_inputs
 
 INPUTS_JSON = "inputs.json"  # beside an evaluation's results.json
 CODE_PACKAGES = ("mara_common", "mara_env", "mara_fm", "mara_rl")  # what `code_digest` reads
@@ -56,16 +57,25 @@ def code_digest() -> str:
     return sha.hexdigest()[:16]
 
 
-def cell_key(method: Method, cfg: EnvConfig, scenario: str, episodes: list[Any]) -> str:
-    """A digest of what an evaluation cell's record depends on: the env the method runs (its
-    task set, load, view and every other setting), the content of the bank, of its predictor
-    and of its policy, the scenario, the episodes (split, roots, per root), and the code."""
-    env = {k: v for k, v in asdict(method.env_config(cfg)).items() if k not in ("bank", "predictor")}
-    what = {"method": method.label, "env": env, "scenario": scenario, "bank": bank_digest(cfg.bank_path),
-            "predictor": predictor_digest(method.predictor),
-            "policy": policy_digest(method.policy) if method.policy else None,
-            "episodes": episodes, "code": code_digest()}
+def method_inputs(method: Method, env_cfg: EnvConfig) -> dict[str, Any]:
+    """What a method's outcomes on `env_cfg`'s episodes depend on, besides the episodes and
+    the code: every env setting it runs with, and the content of its bank, its predictor and
+    its policy (paths are left out: the same files elsewhere are the same inputs)."""
+    method_cfg = method.env_config(env_cfg)
+    env = {k: v for k, v in asdict(method_cfg).items() if k not in ("bank", "predictor")}
+    return {**run_inputs(method_cfg), "policy": policy_digest(method.policy) if method.policy else None, "env": env}
+
+
+def digest(what: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cell_key(method: Method, cfg: EnvConfig, scenario: str, episodes: list[Any]) -> str:
+    """A digest of what an evaluation cell's record depends on: `method_inputs` on the cell's
+    env (its task set and load included), the method's name and seed, the scenario, the
+    episodes (split, roots, per root), and the code."""
+    return digest({**method_inputs(method, cfg), "method": method.label, "scenario": scenario,
+                   "episodes": episodes, "code": code_digest()})
 
 
 def load_inputs(results: Sequence[str | Path]) -> dict[str, Any]:
