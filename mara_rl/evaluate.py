@@ -41,7 +41,7 @@ from mara_env.workload import (
 )
 from mara_fm.bank import CurveSet, bank_digest
 from mara_rl.methods import VARIANTS, Method
-from mara_rl.provenance import INPUTS_JSON, cell_key, evaluation_inputs
+from mara_rl.provenance import INPUTS_JSON, cell_key, evaluation_inputs, input_tags
 
 EVAL_EXPERIMENT = "mara-evaluation"
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
@@ -215,10 +215,11 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
         fresh = dict(zip(todo, evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress), strict=True))
     records = [stored[key] if i not in fresh else to_record(cells[i][0], cells[i][1], fresh[i], scenario, eval_cfg)
                for i, key in enumerate(keys)]
+    inputs = evaluation_inputs(methods, bank)
     if out_dir is not None:
-        write_results(records, Path(out_dir), {**evaluation_inputs(methods, bank), "cells": keys})
-    if log_mlflow:
-        log_records(records, out_dir, tags)
+        write_results(records, Path(out_dir), {**inputs, "cells": keys})
+    if log_mlflow:  # the bank and the machine as tags too: runs made from other inputs stand out
+        log_records(records, out_dir, {**(tags or {}), **input_tags(inputs)})
     return records
 
 

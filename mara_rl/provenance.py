@@ -45,6 +45,14 @@ def evaluation_inputs(methods: list[Method], bank: Path) -> dict[str, Any]:
             "policies": {m.label: policy_digest(m.policy) for m in methods if m.policy}}
 
 
+def input_tags(inputs: dict[str, Any]) -> dict[str, str]:
+    """MLflow tags of `evaluation_inputs` or `run_inputs` (bank, predictor digests) and the
+    machine, so that runs made from other files or on another processor can be told apart."""
+    found = {"bank": inputs.get("bank"), "predictor": inputs.get("predictor")}
+    return {**{f"input.{k}": v for k, v in found.items() if isinstance(v, str)},
+            **{f"machine.{k}": v for k, v in machine().items()}}
+
+
 @functools.cache
 def code_digest() -> str:
     """A hash of the source of the packages an evaluation runs: a changed rule, simulator or
