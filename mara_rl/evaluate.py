@@ -223,8 +223,12 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     return records
 
 
+Cell = tuple[Method, EnvConfig, list[list[Episode]]]  # a method on one task set and load's episodes
+
+
 def planned_cells(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
                   env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str) -> list[Cell]:
+    """Every (task set, load, method) of an evaluation with its env and frozen episodes."""
     cells: list[Cell] = []
     for task_set, load, method in [(ts, load, m) for ts in task_sets for load in loads for m in methods]:
         cfg = EnvConfig(**{**asdict(env_cfg), "task_set": task_set, "split": eval_cfg.split,
@@ -262,9 +266,6 @@ def stored_records(out_dir: Path) -> dict[str, Record]:
         raise ConfigError(f"{out_dir}: results.json or {INPUTS_JSON} is not what `mara evaluate` writes ({exc}); "
                           "delete them, or evaluate with --fresh") from None
     return dict(zip(keys, records, strict=True)) if len(keys) == len(records) else {}
-
-
-Cell = tuple[Method, EnvConfig, list[list[Episode]]]  # a method on one task set and load's episodes
 
 
 def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -> list[dict]:
