@@ -210,8 +210,8 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
         stored = stored_records(Path(out_dir)) if reuse and out_dir is not None else {}
         todo = [i for i, key in enumerate(keys) if key not in stored]
         if stored and progress:
-            print(f"evaluate: {len(keys) - len(todo)} of {len(keys)} cells kept from {out_dir} "
-                  "(same inputs and code)", flush=True)
+            tqdm.write(f"evaluate: {len(keys) - len(todo)} of {len(keys)} cells kept from {out_dir} "
+                       "(same inputs and code)")
         fresh = dict(zip(todo, evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress), strict=True))
     records = [stored[key] if i not in fresh else to_record(cells[i][0], cells[i][1], fresh[i], scenario, eval_cfg)
                for i, key in enumerate(keys)]
