@@ -205,8 +205,10 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     """
     with torch_threads(1):
         cells = planned_cells(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario)
+        # A cell's key is stored beside its record (and matched) only where there is an out_dir.
         episodes = [eval_cfg.split, eval_cfg.roots, eval_cfg.episodes_per_root]
-        keys = [cell_key(method, cfg, scenario, episodes) for method, cfg, _ in cells]
+        keys = [cell_key(method, cfg, scenario, episodes) if out_dir is not None else None
+                for method, cfg, _ in cells]
         stored = stored_records(Path(out_dir)) if reuse and out_dir is not None else {}
         todo = [i for i, key in enumerate(keys) if key not in stored]
         if stored and progress:
@@ -215,6 +217,8 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
         fresh = dict(zip(todo, evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress), strict=True))
     records = [stored[key] if i not in fresh else to_record(cells[i][0], cells[i][1], fresh[i], scenario, eval_cfg)
                for i, key in enumerate(keys)]
+    if out_dir is None and not log_mlflow:  # nothing to record them in
+        return records
     inputs = evaluation_inputs(methods, bank)
     if out_dir is not None:
         write_results(records, Path(out_dir), {**inputs, "cells": keys})

@@ -153,7 +153,7 @@ def evaluation_stages(profile: Profile, cfg: PipelineConfig,
                       policies: dict[tuple[str, int], Path], reuse: bool = True) -> list[Stage]:
     """Main table, stress scenario and load sweep: every method on the same frozen episodes.
     With `reuse`, a stage run again evaluates only the cells whose inputs or code changed
-    (`mara_rl.evaluate.cell_key`): a retrained seed, an added method."""
+    (`mara_rl.provenance.cell_key`): a retrained seed, an added method."""
     paths = profile.paths
     env_cfg = profile.section(EnvConfig, "env")
     eval_cfg = profile.section(EvalConfig, "evaluation")

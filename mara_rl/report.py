@@ -36,13 +36,7 @@ from mara_common.paths import README
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_fm.eval_predictor import markdown_table as predictor_table
-from mara_rl.evaluate import (
-    COMPLETION,
-    DIAGNOSTICS,
-    EVAL_EXPERIMENT,
-    Record,
-    slack_bands,
-)
+from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, EVAL_EXPERIMENT, Record, slack_bands
 from mara_rl.methods import SPECS, rule_names
 from mara_rl.stats import BootstrapConfig, difference_matrix, hierarchical_bootstrap, mean_std
 from mara_rl.timeline import TIMELINE_PNG
