@@ -87,9 +87,10 @@ submit-scheduler: $(FM)/config.json
 
 # Every method and trained variant (MARA, MARA-WLS, sparse per seed; train them first):
 # main table, stress scenario, load sweep. EXTRA=NAME[@SEED]=DIR,... adds more policies
-# (NAME@SEED enters them as more training seeds of a method, e.g. mara@1=...).
+# (NAME@SEED enters them as more training seeds of a method, e.g. mara@1=...). Cells whose
+# inputs and code are unchanged keep their records; FRESH=1 evaluates every cell again.
 evaluate: $(BANK)
-	$(MARA) evaluate-all --profile $(PROFILE) $(if $(EXTRA),--policies $(EXTRA))
+	$(MARA) evaluate-all --profile $(PROFILE) $(if $(EXTRA),--policies $(EXTRA)) $(if $(FRESH),--fresh)
 
 bench: $(FM)/config.json
 	$(MARA) bench --profile $(PROFILE) --bank $(BANK) --fm $(FM) $(if $(wildcard $(HISTORY_BANK)),--history $(HISTORY_BANK)) $(if $(wildcard artifacts/scheduler/$(PROFILE)-seed0/policy),--live mara,--live lara_fm_optimistic)

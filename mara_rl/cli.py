@@ -47,7 +47,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     bank = profile_bank(profile, args.bank)
     env_cfg = profile.section(EnvConfig, "env", bank=str(bank))
     eval_cfg = profile.section(EvalConfig, "evaluation", roots=args.roots, episodes_per_root=args.episodes,
-                               split=args.split)
+                               split=args.split, workers=args.workers)
     available = builtin_methods(normal_path(args.fm) if args.fm else None, env_cfg.view_options,
                                 normal_path(args.history) if args.history else None)
     names = list(dict.fromkeys(comma_list(args.methods, "--methods")))
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. mara=artifacts/scheduler/default-seed0/policy)")
     p.add_argument("--roots", type=int)
     p.add_argument("--episodes", type=int, help="episodes per evaluation root")
+    p.add_argument("--workers", type=int, help="evaluation processes (default: the profile's; 0: one per CPU core)")
     p.add_argument("--no-mlflow", action="store_true")
     p.set_defaults(func=cmd_evaluate, outputs=("out",))
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
+import os
+import pickle
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ from mara_env.workload import (
 )
 from mara_fm.bank import CurveSet, bank_digest
 from mara_rl.methods import VARIANTS, Method
+from mara_rl.provenance import INPUTS_JSON, cell_key, evaluation_inputs, input_tags
 
 EVAL_EXPERIMENT = "mara-evaluation"
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
@@ -68,6 +73,9 @@ class EvalConfig:
     # The learned variants (`mara_rl.methods.VARIANTS`) that `mara reproduce` trains and evaluates.
     variants: tuple[str, ...] = setting(tuple(v.name for v in VARIANTS if v.standard),
                                         help="learned variants to train")
+    # Processes that evaluate (method, task set, load) cells side by side. Each cell runs whole
+    # in one process on one torch thread, so the figures do not depend on this.
+    workers: int = setting(0, ge=0, help="evaluation processes (0: one per CPU core)")
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -183,7 +191,7 @@ def completion_by_slack(episodes: list[Episode], succeeded: list[np.ndarray], cu
 def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
              env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str = "default",
              out_dir: Path | None = None, log_mlflow: bool = True, progress: bool = True,
-             tags: dict[str, Any] | None = None) -> list[Record]:
+             tags: dict[str, Any] | None = None, reuse: bool = False) -> list[Record]:
     """Every method on the same frozen episodes; writes results.json / results.md to `out_dir`.
 
     Runs with one torch thread, whatever the process had set before: the
@@ -191,37 +199,110 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     the last bits, which can flip a near-tie between two tasks, so without
     this the numbers would depend on the machine's cores and on what ran
     earlier in the process (measured: 44.85 vs 44.91 for one cell).
+
+    With `reuse`, a cell whose `cell_key` matches one that `out_dir` already holds keeps
+    that record instead of being evaluated again.
     """
     with torch_threads(1):
-        records = _evaluate(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario, progress)
+        cells = planned_cells(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario)
+        # A cell's key is stored beside its record (and matched) only where there is an out_dir.
+        episodes = [eval_cfg.split, eval_cfg.roots, eval_cfg.episodes_per_root]
+        keys = [cell_key(method, cfg, scenario, episodes) if out_dir is not None else None
+                for method, cfg, _ in cells]
+        stored = stored_records(Path(out_dir)) if reuse and out_dir is not None else {}
+        todo = [i for i, key in enumerate(keys) if key not in stored]
+        if stored and progress:
+            tqdm.write(f"evaluate: {len(keys) - len(todo)} of {len(keys)} cells kept from {out_dir} "
+                       "(same inputs and code)")
+        fresh = dict(zip(todo, evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress), strict=True))
+    records = [stored[key] if i not in fresh else to_record(cells[i][0], cells[i][1], fresh[i], scenario, eval_cfg)
+               for i, key in enumerate(keys)]
+    if out_dir is None and not log_mlflow:  # nothing to record them in
+        return records
+    inputs = evaluation_inputs(methods, bank)
     if out_dir is not None:
-        write_results(records, Path(out_dir))
-    if log_mlflow:
-        log_records(records, out_dir, tags)
+        write_results(records, Path(out_dir), {**inputs, "cells": keys})
+    if log_mlflow:  # the bank and the machine as tags too: runs made from other inputs stand out
+        log_records(records, out_dir, {**(tags or {}), **input_tags(inputs)})
     return records
 
 
-def _evaluate(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
-              env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str, progress: bool) -> list[Record]:
-    records: list[Record] = []
-    combos = [(ts, load, m) for ts in task_sets for load in loads for m in methods]
-    for task_set, load, method in tqdm(combos, desc="evaluate", disable=not progress):
+Cell = tuple[Method, EnvConfig, list[list[Episode]]]  # a method on one task set and load's episodes
+
+
+def planned_cells(methods: list[Method], task_sets: list[str], loads: list[float], bank: Path,
+                  env_cfg: EnvConfig, eval_cfg: EvalConfig, scenario: str) -> list[Cell]:
+    """Every (task set, load, method) of an evaluation with its env and frozen episodes."""
+    cells: list[Cell] = []
+    for task_set, load, method in [(ts, load, m) for ts in task_sets for load in loads for m in methods]:
         cfg = EnvConfig(**{**asdict(env_cfg), "task_set": task_set, "split": eval_cfg.split,
                            "arrival_prob": load, "bank": str(bank)})
         count = 1 if scenario == "stress" else eval_cfg.episodes_per_root
+        # Made here, before any worker starts, so that no two processes write one episode file.
         episodes = [frozen_episodes(bank, task_set, eval_cfg.split, load, r, count, cfg.horizon,
                                     cfg.workload, scenario) for r in range(eval_cfg.roots)]
-        out = evaluate_method(method, cfg, episodes)
-        root_means = [float(np.mean(r)) for r in out["per_root"]]
-        records.append(Record(
-            method=method.name, task_set=task_set, load=load, scenario=scenario,
-            success_rate_mean=float(np.mean(root_means)),
-            success_rate_std=float(np.std(root_means, ddof=1)) if len(root_means) > 1 else 0.0,
-            per_root=root_means, per_episode=[x for r in out["per_root"] for x in r],
-            tasks_per_episode=float(np.mean(out["tasks"])), diagnostics=out["diagnostics"],
-            seed=method.seed, split=eval_cfg.split,
-        ))
-    return records
+        cells.append((method, cfg, episodes))
+    return cells
+
+
+def to_record(method: Method, cfg: EnvConfig, out: dict, scenario: str, eval_cfg: EvalConfig) -> Record:
+    root_means = [float(np.mean(r)) for r in out["per_root"]]
+    return Record(
+        method=method.name, task_set=cfg.task_set, load=cfg.arrival_prob, scenario=scenario,
+        success_rate_mean=float(np.mean(root_means)),
+        success_rate_std=float(np.std(root_means, ddof=1)) if len(root_means) > 1 else 0.0,
+        per_root=root_means, per_episode=[x for r in out["per_root"] for x in r],
+        tasks_per_episode=float(np.mean(out["tasks"])), diagnostics=out["diagnostics"],
+        seed=method.seed, split=eval_cfg.split,
+    )
+
+
+def stored_records(out_dir: Path) -> dict[str, Record]:
+    """cell key → record of the evaluation `out_dir` holds (none if it holds none, or one
+    written before cells had keys)."""
+    results, inputs = out_dir / "results.json", out_dir / INPUTS_JSON
+    if not (results.exists() and inputs.exists()):
+        return {}
+    try:
+        keys = json.loads(inputs.read_text()).get("cells", [])
+        records = [Record(**r) for r in json.loads(results.read_text())]
+    except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{out_dir}: results.json or {INPUTS_JSON} is not what `mara evaluate` writes ({exc}); "
+                          "delete them, or evaluate with --fresh") from None
+    return dict(zip(keys, records, strict=True)) if len(keys) == len(records) else {}
+
+
+def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -> list[dict]:
+    """`evaluate_method` of every cell, in order, on up to `workers` processes (0: one per
+    CPU core this process may use).
+
+    A cell is independent of every other (its episodes are frozen, the predictors draw
+    fixed samples, the policies act greedily) and runs whole in one process on one torch
+    thread, so the results are the same on any number of workers. Workers are spawned,
+    not forked: the calling process may hold Ray's or MLflow's threads. Cells whose method
+    does not pickle (a lambda written in a test or a probe) keep the evaluation in this process.
+    """
+    workers = min(workers or len(os.sched_getaffinity(0)), len(cells))
+    if workers <= 1 or not all(_pickles(method) for method, _, _ in cells):
+        return [evaluate_method(*cell) for cell in tqdm(cells, desc="evaluate", disable=not progress)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_evaluate_cell, cell) for cell in cells]
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="evaluate", disable=not progress):
+            pass
+    return [f.result() for f in futures]
+
+
+def _evaluate_cell(cell: Cell) -> dict:
+    with torch_threads(1):
+        return evaluate_method(*cell)
+
+
+def _pickles(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def markdown_table(records: list[Record]) -> str:
@@ -246,10 +327,13 @@ def markdown_table(records: list[Record]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(records: list[Record], out_dir: Path) -> None:
+def write_results(records: list[Record], out_dir: Path, inputs: dict[str, Any] | None = None) -> None:
+    """results.json and results.md, and `inputs` (`evaluation_inputs`) as inputs.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps([asdict(r) for r in records], indent=1))
     (out_dir / "results.md").write_text(markdown_table(records))
+    if inputs is not None:
+        (out_dir / INPUTS_JSON).write_text(json.dumps(inputs, indent=1))
 
 
 def record_name(r: Record) -> str:

@@ -5,7 +5,6 @@ the simulator, several streams and methods). They name methods as the evaluation
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from dataclasses import asdict, replace
@@ -39,8 +38,7 @@ from mara_live.runner import CHECK, RESULT, LiveResult, run_live
 from mara_live.streams import Stream, generate_stream, load_stream, save_stream
 from mara_rl.methods import SPECS, VARIANTS, Method, builtin_methods, learned
 from mara_rl.pipeline import trained_policies
-from mara_rl.policy import policy_digest
-from mara_rl.run_state import run_inputs
+from mara_rl.provenance import digest, method_inputs
 from mara_rl.stats import hierarchical_bootstrap
 from mara_rl.submit import check_cluster, submit_command
 from mara_rl.timeline import Timeline
@@ -170,8 +168,7 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
     env_cfg = live_env_config(profile, profile_bank(profile, args.bank), cfg)
     names = comma_list(args.methods, "--methods") or list(cfg.methods)
     methods = [live_method(profile, env_cfg, name) for name in names]
-    inputs = {name: row_inputs(method, env_cfg, cfg, None if name in SPECS else policy_path(profile, name, None))
-              for name, method in zip(names, methods, strict=True)}
+    inputs = {name: row_inputs(method, env_cfg, cfg) for name, method in zip(names, methods, strict=True)}
     out = Path(args.out) if args.out else profile.paths.report / "live"
     results = Path(args.results) if args.results else profile.paths.results
     results.mkdir(parents=True, exist_ok=True)
@@ -225,15 +222,12 @@ def cmd_live_compare(args: argparse.Namespace) -> None:
     print(table + (f"\n\n{ranking}" if ranking else ""))
 
 
-def row_inputs(method: Method, env_cfg: EnvConfig, cfg: LiveConfig, policy: str | None) -> str:
-    """A digest of what a live-compare row depends on besides its stream's seed: the content of
-    the bank, of the method's predictor and of a learned method's weights, and every env and
-    live setting but those that choose the batch's rows (`BATCH_FIELDS`)."""
-    method_cfg = method.env_config(env_cfg)
-    env = {k: v for k, v in asdict(method_cfg).items() if k not in ("bank", "predictor")}  # by content instead
-    what = {**run_inputs(method_cfg), "policy": policy_digest(policy) if policy else None, "env": env,
-            "live": {k: v for k, v in asdict(cfg).items() if k not in BATCH_FIELDS}}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def row_inputs(method: Method, env_cfg: EnvConfig, cfg: LiveConfig) -> str:
+    """A digest of what a live-compare row depends on besides its stream's seed: the method's
+    inputs (`method_inputs`: its env settings, the content of its bank, predictor and weights)
+    and every live setting but those that choose the batch's rows (`BATCH_FIELDS`)."""
+    return digest({**method_inputs(method, env_cfg),
+                   "live": {k: v for k, v in asdict(cfg).items() if k not in BATCH_FIELDS}})
 
 
 def kept_rows(path: Path, planned: dict[tuple[int, str], str]) -> dict[tuple[int, str], dict[str, Any]]:

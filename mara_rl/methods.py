@@ -12,6 +12,7 @@ node (docs/design.md §6).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -131,6 +132,11 @@ class Method:
     view: dict[str, Any] = field(default_factory=dict)
     # A policy's `EnvConfig.cluster` (as a dict): the evaluation must run the same.
     cluster: dict[str, Any] | None = None
+    policy: str | None = None  # a learned method's exported policy folder
+
+    @property
+    def label(self) -> str:
+        return self.name if self.seed is None else f"{self.name} (seed {self.seed})"
 
     def env_config(self, env_cfg: EnvConfig, **extra: Any) -> EnvConfig:
         """`env_cfg` with this method's predictor and view options (the others off)."""
@@ -139,12 +145,22 @@ class Method:
 
 
 def classic(name: str) -> Callable[[], BatchDecide]:
-    """A batch decision rule from the allocator `name` (one allocator per call of `make`)."""
-    def make() -> BatchDecide:
-        allocator = ALLOCATORS[name]()
-        return lambda obs, envs: np.stack([allocator.act(env.scheduler_view()) for env in envs])
+    """A batch decision rule from the allocator `name` (one allocator per call of `make`).
 
-    return make
+    `make` is a partial of a module-level function rather than a closure, as is a learned
+    method's, so that a method pickles and the evaluation can hand it to a worker process.
+    """
+    return functools.partial(_rule, name)
+
+
+def _rule(name: str) -> BatchDecide:
+    allocator = ALLOCATORS[name]()
+    return lambda obs, envs: np.stack([allocator.act(env.scheduler_view()) for env in envs])
+
+
+def _policy(policy_dir: str) -> BatchDecide:
+    module = load_policy(policy_dir)
+    return lambda obs, envs: act(module, obs)
 
 
 def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Method:
@@ -153,13 +169,10 @@ def learned(name: str, policy_dir: str | Path, seed: int | None = None) -> Metho
     Several policies may share `name` with different training `seed`s: their
     records then differ only in `Record.seed`, so seeds are paired by value.
     """
-    def make() -> BatchDecide:
-        module = load_policy(policy_dir)
-        return lambda obs, envs: act(module, obs)
-
     trained_in = policy_env(policy_dir)
     predictor, cluster = trained_in.pop("predictor"), trained_in.pop("cluster")
-    return Method(name, predictor, make, seed, view=trained_in, cluster=cluster)
+    return Method(name, predictor, functools.partial(_policy, str(policy_dir)), seed, view=trained_in,
+                  cluster=cluster, policy=str(policy_dir))
 
 
 def builtin_methods(fm_path: str | Path | None, view: dict[str, Any],

@@ -43,6 +43,7 @@ from mara_rl.methods import (
     parse_policies,
 )
 from mara_rl.policy import POLICY_SPEC
+from mara_rl.provenance import load_inputs
 from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
 from mara_rl.run_state import load_state, policy_dir, run_inputs, settings_changed
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
@@ -149,8 +150,10 @@ def profile_methods(profile: Profile) -> dict[str, Method]:
 
 
 def evaluation_stages(profile: Profile, cfg: PipelineConfig,
-                      policies: dict[tuple[str, int], Path]) -> list[Stage]:
-    """Main table, stress scenario and load sweep: every method on the same frozen episodes."""
+                      policies: dict[tuple[str, int], Path], reuse: bool = True) -> list[Stage]:
+    """Main table, stress scenario and load sweep: every method on the same frozen episodes.
+    With `reuse`, a stage run again evaluates only the cells whose inputs or code changed
+    (`mara_rl.provenance.cell_key`): a retrained seed, an added method."""
     paths = profile.paths
     env_cfg = profile.section(EnvConfig, "env")
     eval_cfg = profile.section(EvalConfig, "evaluation")
@@ -163,7 +166,7 @@ def evaluation_stages(profile: Profile, cfg: PipelineConfig,
         def go() -> None:
             methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items()]
             evaluate(methods + classic, task_sets, loads, paths.bank, env_cfg, eval_cfg, scenario=scenario,
-                     out_dir=out, tags={"profile": profile.name, "evaluation": name})
+                     out_dir=out, tags={"profile": profile.name, "evaluation": name}, reuse=reuse)
 
         def covers() -> bool:  # a method added to the registry since (or a new seed) reruns the stage
             recorded = {(r.method, r.seed) for r in load_records([out / "results.json"])}
@@ -217,7 +220,7 @@ def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | 
     out_dir = out_dir or paths.report
     write_report(load_records(results), out_dir, profile.name, cfg or profile.section(ReportConfig, "report"),
                  predictor_eval or paths.predictor_eval, log_mlflow,
-                 publish_to=paths.results if publish else None)
+                 publish_to=paths.results if publish else None, inputs=load_inputs(results))
     return out_dir / "report.md"
 
 
@@ -247,10 +250,11 @@ def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: boo
 
 
 def evaluate_all(profile: Profile, cfg: PipelineConfig | None = None,
-                 extra: dict[tuple[str, int | None], Path] | None = None) -> None:
+                 extra: dict[tuple[str, int | None], Path] | None = None, fresh: bool = False) -> None:
     """The evaluation stages of `reproduce` (main, stress, sweep), always rerun, for the
     trained variants of every seed (which must exist) plus `extra` policies by (name,
-    seed); an extra policy without a seed counts as seed 0, like a one-seed pipeline's."""
+    seed); an extra policy without a seed counts as seed 0, like a one-seed pipeline's.
+    A cell evaluated before with the same inputs and code keeps its record unless `fresh`."""
     cfg = cfg or pipeline_config(profile)
     policies = trained_policies(profile)
     missing = [f"{name} (seed {seed}): {path}" for (name, seed), path in policies.items() if not path.exists()]
@@ -263,12 +267,12 @@ def evaluate_all(profile: Profile, cfg: PipelineConfig | None = None,
             raise ConfigError(f"--policies {name}{'' if seed is None else f'@{seed}'}: the pipeline already "
                               f"evaluates {name} seed {key[1]} ({policies[key].parent}); name another seed")
         policies[key] = Path(path) / POLICY_SPEC
-    for stage in evaluation_stages(profile, cfg, policies):
+    for stage in evaluation_stages(profile, cfg, policies, reuse=not fresh):
         stage.run()
 
 
 def cmd_evaluate_all(args: argparse.Namespace) -> None:
-    evaluate_all(args.profile, extra=parse_policies(args.policies))
+    evaluate_all(args.profile, extra=parse_policies(args.policies), fresh=args.fresh)
     print(f"results under {args.profile.paths.evaluation} (then `mara report --profile {args.profile.name}`)")
 
 
@@ -293,6 +297,8 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
                               help="every method and trained variant: main table, stress scenario, load "
                               "sweep (the evaluation stages of reproduce)")
     p.add_argument("--policies", help="extra learned methods as NAME[@SEED]=POLICY_DIR,...")
+    p.add_argument("--fresh", action="store_true",
+                   help="evaluate every cell again, also those whose inputs and code are unchanged")
     p.set_defaults(func=cmd_evaluate_all)
 
     p = subparsers.add_parser("report", parents=[common], help="Tables 1-4, load sweep and paired CIs from results")

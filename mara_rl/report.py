@@ -450,7 +450,26 @@ def render(report: dict[str, Any], profile: str) -> str:
                f"drawn one by one. The interval is the percentile interval of {boot['resamples']} "
                f"resamples, level {boot['level']:g}, seed {boot['seed']}. With one seed this is "
                f"the bootstrap over episodes.\n")
+    if report.get("inputs"):
+        out.append(inputs_section(report["inputs"]))
     return "\n".join(out)
+
+
+def inputs_section(inputs: dict[str, Any]) -> str:
+    """The digests and the machine behind the figures, to check a rebuild against."""
+    def cell(values: list[str]) -> str:
+        return ", ".join(f"`{v}`" for v in values) + (" (differs between evaluations)" if len(values) > 1 else "")
+
+    rows = [["bank", cell(inputs["bank"])]]
+    rows += [[f"predictor {kind}", cell(v)] for kind, v in inputs["predictors"].items()]
+    rows += [[f"policy {label}", cell(v)] for label, v in inputs["policies"].items()]
+    machines = "; ".join(f"{m['processor']} ({m['vector']}), kernels {m['kernels']}, torch {m['torch']}, "
+                         f"numpy {m['numpy']}" for m in inputs["machine"])
+    return ("## Inputs\n\nContent digests (SHA-256, first 16 hex digits) of the files these figures were "
+            "computed from: the bank, the predictors read from files, each trained policy's weights. A "
+            "rebuild with the same digests, evaluated on a machine that agrees in every item of the last "
+            "line, gives the same figures.\n\n" + table(["input", "digest"], rows)
+            + f"\nComputed on: {machines}.\n")
 
 
 # ---------------------------------------------------------------- figures
@@ -495,13 +514,15 @@ def plot_comparisons(report: dict[str, Any], path: Path) -> Path:
 # ---------------------------------------------------------------- entry point
 def write_report(records: list[Record], out_dir: Path, profile: str,
                  cfg: ReportConfig = ReportConfig(), predictor_eval: Path | None = None,
-                 log_mlflow: bool = True, publish_to: Path | None = None) -> dict[str, Any]:
+                 log_mlflow: bool = True, publish_to: Path | None = None,
+                 inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """report.json, report.md and PNGs into `out_dir`; logged to `mara-evaluation`. With
     `publish_to`, report.md and the PNGs are copied there (the tracked `results/<profile>/`)
-    and, for the default profile, the README's results block is rewritten from them."""
+    and, for the default profile, the README's results block is rewritten from them.
+    `inputs` (`load_inputs`) closes the report with what the figures were computed from."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pred = json.loads(predictor_eval.read_text()) if predictor_eval and predictor_eval.exists() else None
-    report = build(records, cfg, pred)
+    report = {**build(records, cfg, pred), "inputs": inputs or {}}
     (out_dir / REPORT_JSON).write_text(json.dumps(report, indent=1))
     text = render(report, profile)
     if (out_dir / TIMELINE_PNG).exists():  # written by the pipeline's timeline stage

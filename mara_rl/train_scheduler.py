@@ -47,6 +47,7 @@ from mara_rl.anchored_ppo import ANCHOR_KL, AnchoredPPOTorchLearner
 from mara_rl.imitation import demonstrations, imitate, score
 from mara_rl.mat_module import MATModule
 from mara_rl.policy import POLICY_SPEC, act, export_policy, module_spec
+from mara_rl.provenance import input_tags
 from mara_rl.run_state import (
     START_OVER,
     best_policy_dir,
@@ -284,7 +285,8 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
                 if best is None or stale != best_policy_dir(out_dir, best["iteration"]):
                     shutil.rmtree(stale)
 
-        tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir, **tags}
+        tags = {"predictor": cfg.predictor, "beta": cfg.beta, "seed": cfg.seed, "out_dir": out_dir,
+                **input_tags(inputs), **tags}
         # A resume continues the run's MLflow run in the store that holds it (`mlflow_run`).
         with mlflow_run(EXPERIMENT, run_name, tags=tags, run_id=state.get("mlflow_run_id")) as run:
             if run.info.run_id != state.get("mlflow_run_id"):  # a new run (under another store too)

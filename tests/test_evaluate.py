@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from mara_common.config import ConfigError
+from mara_common.kernels import machine
 from mara_common.paths import EPISODE_DIR
 from mara_env.env import EnvConfig, load_curves
 from mara_env.workload import load_episodes, true_demand
-from mara_fm.bank import load_bank, save_bank
+from mara_fm.bank import bank_digest, load_bank, save_bank
 from mara_rl.cli import main
 from mara_rl.evaluate import (
     completion_by_slack,
@@ -40,9 +41,12 @@ def test_evaluate_cli_writes_results_and_mlflow_runs(smoke_bank, tmp_path, mlflo
     assert (records["tags.mlflow.parentRunId"] == parent.run_id).all()
     assert (records["tags.profile"] == "smoke").all() and records["metrics.success_rate_mean"].notna().all()
     assert "lara · id · p=0.04" in set(records["tags.mlflow.runName"])
+    # What they were computed from, as tags: runs from another bank or processor stand out.
+    assert (records["tags.input.bank"] == bank_digest(smoke_bank)).all()
+    assert (runs["tags.machine.processor"] == machine()["processor"]).all()
     # The results files are stored once, with the evaluation, not with every record.
     client = mlflow.MlflowClient(mlflow_store)
-    assert {a.path for a in client.list_artifacts(parent.run_id)} == {"results.json", "results.md"}
+    assert {a.path for a in client.list_artifacts(parent.run_id)} == {"results.json", "results.md", "inputs.json"}
     assert not client.list_artifacts(records["run_id"].iloc[0])
     experiment = client.get_experiment_by_name("mara-evaluation")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

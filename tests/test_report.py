@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -18,12 +19,23 @@ import numpy as np
 import pytest
 
 from mara_common.config import ConfigError
+from mara_common.kernels import machine
 from mara_common.paths import PROFILE_DIR
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
+from mara_fm.bank import bank_digest
+from mara_fm.predictors import predictor_digest
+from mara_rl import evaluate as evaluate_module
 from mara_rl.cli import main
-from mara_rl.evaluate import EvalConfig, Record, evaluate, slack_bands, write_results
-from mara_rl.methods import BUILTIN, VARIANTS, Method, builtin_methods, classic
+from mara_rl.evaluate import (
+    EvalConfig,
+    Record,
+    evaluate,
+    slack_bands,
+    write_results,
+)
+from mara_rl.mat_module import MATConfig
+from mara_rl.methods import BUILTIN, VARIANTS, Method, builtin_methods, classic, learned
 from mara_rl.pipeline import (
     PipelineConfig,
     Stage,
@@ -33,6 +45,8 @@ from mara_rl.pipeline import (
     scheduler_stage,
     variant_config,
 )
+from mara_rl.policy import export_policy, module_spec, policy_digest
+from mara_rl.provenance import evaluation_inputs, load_inputs
 from mara_rl.report import (
     MEAN,
     RESULTS_BEGIN,
@@ -41,6 +55,7 @@ from mara_rl.report import (
     build,
     choose_reference,
     compare,
+    inputs_section,
     interval,
     mean_pm_std,
     plot_comparisons,
@@ -287,13 +302,14 @@ def test_reference_fallback(records: list[Record]) -> None:
     assert "skipped" in report["reference_note"]
 
 
-def test_report_cli_logs_a_run_with_the_files(records: list[Record], tmp_path: Path,
+def test_report_cli_logs_a_run_with_the_files(records: list[Record], smoke_bank: Path, tmp_path: Path,
                                               mlflow_store: str) -> None:
-    write_results(records, tmp_path / "eval" / "all")
+    write_results(records, tmp_path / "eval" / "all", evaluation_inputs([], smoke_bank))
     argv = ["report", "--profile", "smoke", "--eval-dir", str(tmp_path / "eval"), "--out",
             str(tmp_path / "out"), "--predictor-eval", str(tmp_path / "absent.json"), "--no-publish"]
     main(argv)
-    assert "Not available" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Not available" in md and f"| bank | `{bank_digest(smoke_bank)}` |" in md
     mlflow.set_tracking_uri(mlflow_store)
     runs = mlflow.search_runs(experiment_names=["mara-evaluation"], output_format="list")
     (run,) = [r for r in runs if r.data.tags["kind"] == "report"]
@@ -438,3 +454,82 @@ def test_comparison_plot_accepts_a_mean_a_rounding_error_outside_its_interval(tm
     report = {"table2_comparisons": {"mean": {"edf": cell}}, "table3_comparisons": {"edf": cell},
               "load_sweep_comparisons": {}, "reference": "mara"}
     assert plot_comparisons(report, tmp_path / "c.png").stat().st_size > 0
+
+
+def test_the_evaluation_is_the_same_on_two_processes(smoke_bank: Path, untrained_fm, tmp_path: Path) -> None:
+    """Cells handed to spawned workers come back in order with every figure bit for bit as
+    one process computes them, an FM reader's included."""
+    fm = untrained_fm.export(tmp_path / "fm")
+    available = builtin_methods(fm, {"optimistic_quantile": 0.15})
+    methods = [available[m] for m in ("lara_fm_optimistic", "edf", "oracle")]
+    for method in methods:  # raises where a method would keep the evaluation in this process
+        pickle.dumps(method)
+
+    def run(workers: int) -> str:
+        records = evaluate(methods, ["id", "rl_ood"], [0.04], smoke_bank, EnvConfig(bank=str(smoke_bank)),
+                           EvalConfig(roots=2, episodes_per_root=2, workers=workers), log_mlflow=False,
+                           progress=False)
+        return json.dumps([dataclasses.asdict(r) for r in records])
+
+    alone = run(1)
+    assert json.loads(alone)[0]["method"] == "lara_fm_optimistic" and json.loads(alone)[-1]["task_set"] == "rl_ood"
+    assert run(2) == alone
+
+
+def test_the_report_closes_with_what_its_figures_were_computed_from(smoke_bank: Path, untrained_fm,
+                                                                     tmp_path: Path) -> None:
+    """inputs.json beside results.json holds the digests of the bank, of FM's export and of a
+    policy's weights; the report lists them, and flags an input that differs between evaluations."""
+    fm = untrained_fm.export(tmp_path / "fm")
+    env_cfg = EnvConfig(bank=str(smoke_bank), predictor=f"fm:{fm}")
+    policy = export_policy(module_spec(env_cfg, MATConfig()).build(), tmp_path / "policy", env_cfg)
+    rules = builtin_methods(fm, {})
+    evaluate([learned("mara", policy, seed=0), rules["lara_fm"], rules["edf"]], ["id"], [0.04], smoke_bank, env_cfg,
+             EvalConfig(roots=1, episodes_per_root=1, workers=1), out_dir=tmp_path / "main", log_mlflow=False,
+             progress=False)
+    inputs = load_inputs([tmp_path / "main" / "results.json"])
+    assert inputs["bank"] == [bank_digest(smoke_bank)]
+    assert inputs["predictors"] == {"fm": [predictor_digest(f"fm:{fm}")]}
+    assert inputs["policies"] == {"mara (seed 0)": [policy_digest(policy)]}
+    assert inputs["machine"] == [machine()]
+    text = inputs_section(inputs)
+    assert f"| bank | `{bank_digest(smoke_bank)}` |" in text and "differs" not in text
+
+    other = tmp_path / "sweep"
+    shutil.copytree(tmp_path / "main", other)
+    written = json.loads((other / "inputs.json").read_text())
+    (other / "inputs.json").write_text(json.dumps({**written, "bank": "0" * 16}))
+    both = load_inputs([tmp_path / "main" / "results.json", other / "results.json"])
+    assert both["bank"] == sorted([bank_digest(smoke_bank), "0" * 16]) and both["policies"] == inputs["policies"]
+    assert "| bank | " in inputs_section(both) and "(differs between evaluations)" in inputs_section(both)
+
+
+def test_a_rerun_evaluates_only_the_cells_whose_inputs_changed(smoke_bank: Path, untrained_fm, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `reuse`, a cell keeps its record while its bank, predictor, policy, settings and the
+    code are the same; another FM export re-evaluates FM's readers only; `reuse=False` all."""
+    fm = untrained_fm.export(tmp_path / "fm")
+    rules = builtin_methods(fm, {})
+    methods = [rules["edf"], rules["lara_fm"]]
+    evaluated: list[str] = []
+    real = evaluate_module.evaluate_method
+    monkeypatch.setattr(evaluate_module, "evaluate_method",
+                        lambda method, *rest: evaluated.append(method.name) or real(method, *rest))
+
+    def run(reuse: bool = True) -> str:
+        evaluated.clear()
+        records = evaluate(methods, ["id", "rl_ood"], [0.04], smoke_bank, EnvConfig(bank=str(smoke_bank)),
+                           EvalConfig(roots=1, episodes_per_root=2, workers=1), out_dir=tmp_path / "eval",
+                           log_mlflow=False, progress=False, reuse=reuse)
+        return json.dumps([dataclasses.asdict(r) for r in records])
+
+    first = run()
+    assert sorted(evaluated) == ["edf", "edf", "lara_fm", "lara_fm"]
+    assert run() == first and evaluated == []
+    meta = json.loads((fm / "config.json").read_text())
+    meta["config"]["inference"] = "numpy"  # the same network on the other backend: another export
+    (fm / "config.json").write_text(json.dumps(meta))
+    run()
+    assert evaluated == ["lara_fm", "lara_fm"]
+    run(reuse=False)
+    assert sorted(evaluated) == ["edf", "edf", "lara_fm", "lara_fm"]

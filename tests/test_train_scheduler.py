@@ -87,6 +87,7 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     train(dataclasses.replace(cfg, iterations=3), env_cfg, out)
     (again,) = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
     assert again.info.run_id == run.info.run_id
+    assert again.data.tags["input.bank"] == run_inputs(env_cfg)["bank"] and "machine.processor" in again.data.tags
     assert [m.step for m in client.get_metric_history(run.info.run_id, "policy_loss")] == [1, 2, 3]
     # Run again when finished: nothing is trained or exported again (each export logs its
     # validation scores once), nothing is logged.
