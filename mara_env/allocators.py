@@ -157,7 +157,7 @@ class LARA(Allocator):
 class OptimisticLARA(LARA):
     """LARA on the predictor's optimistic estimate (`EnvConfig.optimistic_quantile`).
 
-    With FM's sampled crossings, planning on a low order statistic (q = 0.15)
+    With FM's sampled crossings, planning on a low order statistic (the profile's q)
     instead of the median keeps tasks that a fair share of the samples call
     feasible, and gives the leftover nodes to the tasks most likely to still
     make it; on the ID validation episodes that is worth +1.5 points over
