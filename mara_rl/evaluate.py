@@ -14,10 +14,11 @@ import math
 import multiprocessing
 import os
 import pickle
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -44,6 +45,7 @@ from mara_rl.methods import VARIANTS, Method
 from mara_rl.provenance import INPUTS_JSON, cell_key, evaluation_inputs, input_tags
 
 EVAL_EXPERIMENT = "mara-evaluation"
+CELL_JOURNAL = "cells.jsonl"  # in the results folder while an evaluation runs: its finished cells
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
 # Slack of a task = its window minus the batches it truly needs; feasible tasks have slack ≥ 0.
 # Completion per slack band shows where methods differ: every method finishes the roomy
@@ -201,7 +203,10 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
     earlier in the process (measured: 44.85 vs 44.91 for one cell).
 
     With `reuse`, a cell whose `cell_key` matches one that `out_dir` already holds keeps
-    that record instead of being evaluated again.
+    that record instead of being evaluated again. With an `out_dir`, every cell is also
+    appended to its `CELL_JOURNAL` as it finishes, so an evaluation that is stopped resumes
+    where it stopped when run again, with or without `reuse` (a journal's cells were
+    evaluated on the same inputs by the same code: their keys say so).
     """
     with torch_threads(1):
         cells = planned_cells(methods, task_sets, loads, bank, env_cfg, eval_cfg, scenario)
@@ -210,18 +215,34 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
         keys = [cell_key(method, cfg, scenario, episodes) if out_dir is not None else None
                 for method, cfg, _ in cells]
         stored = stored_records(Path(out_dir)) if reuse and out_dir is not None else {}
-        todo = [i for i, key in enumerate(keys) if key not in stored]
-        if stored and progress:
+        resumed = journal_records(Path(out_dir)) if out_dir is not None else {}
+        known = {**stored, **resumed}
+        todo = [i for i, key in enumerate(keys) if key not in known]
+        if known and progress:
             tqdm.write(f"evaluate: {len(keys) - len(todo)} of {len(keys)} cells kept from {out_dir} "
                        "(same inputs and code)")
-        fresh = dict(zip(todo, evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress), strict=True))
-    records = [stored[key] if i not in fresh else to_record(cells[i][0], cells[i][1], fresh[i], scenario, eval_cfg)
-               for i, key in enumerate(keys)]
+        fresh: dict[int, Record] = {}
+        journal = open_journal(Path(out_dir)) if out_dir is not None and todo else None
+
+        def finished(j: int, out: dict) -> None:
+            i = todo[j]
+            fresh[i] = to_record(cells[i][0], cells[i][1], out, scenario, eval_cfg)
+            if journal is not None:
+                journal.write(json.dumps({"key": keys[i], "record": asdict(fresh[i])}) + "\n")
+                journal.flush()
+
+        try:
+            evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress, finished)
+        finally:
+            if journal is not None:
+                journal.close()
+    records = [fresh[i] if i in fresh else known[key] for i, key in enumerate(keys)]
     if out_dir is None and not log_mlflow:  # nothing to record them in
         return records
     inputs = evaluation_inputs(methods, bank)
     if out_dir is not None:
         write_results(records, Path(out_dir), {**inputs, "cells": keys})
+        (Path(out_dir) / CELL_JOURNAL).unlink(missing_ok=True)  # every cell is in results.json now
     if log_mlflow:  # the bank and the machine as tags too: runs made from other inputs stand out
         log_records(records, out_dir, {**(tags or {}), **input_tags(inputs)})
     return records
@@ -272,9 +293,37 @@ def stored_records(out_dir: Path) -> dict[str, Record]:
     return dict(zip(keys, records, strict=True)) if len(keys) == len(records) else {}
 
 
-def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -> list[dict]:
+def journal_records(out_dir: Path) -> dict[str, Record]:
+    """cell key → record of the cells that an evaluation into `out_dir` finished before it was
+    stopped. Only the last line may be cut short (a process killed while writing it)."""
+    path = out_dir / CELL_JOURNAL
+    lines = path.read_text().splitlines() if path.exists() else []
+    found: dict[str, Record] = {}
+    for n, line in enumerate(lines, start=1):
+        try:
+            entry = json.loads(line)
+            found[entry["key"]] = Record(**entry["record"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            if n < len(lines):
+                raise ConfigError(f"{path}, line {n}: not a cell that `mara evaluate` journals ({exc}); "
+                                  "delete the file to evaluate those cells again") from None
+    return found
+
+
+def open_journal(out_dir: Path) -> TextIO:
+    """The journal of `out_dir`, to append finished cells to (a cut-short last line dropped)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / CELL_JOURNAL
+    if path.exists():
+        text = path.read_text()
+        path.write_text(text[:text.rfind("\n") + 1])
+    return path.open("a")
+
+
+def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True,
+                   finished: Callable[[int, dict], None] | None = None) -> list[dict]:
     """`evaluate_method` of every cell, in order, on up to `workers` processes (0: one per
-    CPU core this process may use).
+    CPU core this process may use); `finished(i, result)` is called as cell i finishes.
 
     A cell is independent of every other (its episodes are frozen, the predictors draw
     fixed samples, the policies act greedily) and runs whole in one process on one torch
@@ -282,13 +331,18 @@ def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True) -
     not forked: the calling process may hold Ray's or MLflow's threads. Cells whose method
     does not pickle (a lambda written in a test or a probe) keep the evaluation in this process.
     """
+    done = finished or (lambda i, out: None)
     workers = min(workers or len(os.sched_getaffinity(0)), len(cells))
     if workers <= 1 or not all(_pickles(method) for method, _, _ in cells):
-        return [evaluate_method(*cell) for cell in tqdm(cells, desc="evaluate", disable=not progress)]
+        results = []
+        for i, cell in enumerate(tqdm(cells, desc="evaluate", disable=not progress)):
+            results.append(evaluate_method(*cell))
+            done(i, results[-1])
+        return results
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_evaluate_cell, cell) for cell in cells]
-        for _ in tqdm(as_completed(futures), total=len(futures), desc="evaluate", disable=not progress):
-            pass
+        futures = {pool.submit(_evaluate_cell, cell): i for i, cell in enumerate(cells)}
+        for future in tqdm(as_completed(futures), total=len(futures), desc="evaluate", disable=not progress):
+            done(futures[future], future.result())
     return [f.result() for f in futures]
 
 

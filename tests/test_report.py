@@ -28,6 +28,7 @@ from mara_fm.predictors import predictor_digest
 from mara_rl import evaluate as evaluate_module
 from mara_rl.cli import main
 from mara_rl.evaluate import (
+    CELL_JOURNAL,
     EvalConfig,
     Record,
     evaluate,
@@ -458,7 +459,7 @@ def test_comparison_plot_accepts_a_mean_a_rounding_error_outside_its_interval(tm
 
 def test_the_evaluation_is_the_same_on_two_processes(smoke_bank: Path, untrained_fm, tmp_path: Path) -> None:
     """Cells handed to spawned workers come back in order with every figure bit for bit as
-    one process computes them, an FM reader's included."""
+    one process computes them, an FM reader's included (journalled as they finish, in any order)."""
     fm = untrained_fm.export(tmp_path / "fm")
     available = builtin_methods(fm, {"optimistic_quantile": 0.15})
     methods = [available[m] for m in ("lara_fm_optimistic", "edf", "oracle")]
@@ -468,7 +469,7 @@ def test_the_evaluation_is_the_same_on_two_processes(smoke_bank: Path, untrained
     def run(workers: int) -> str:
         records = evaluate(methods, ["id", "rl_ood"], [0.04], smoke_bank, EnvConfig(bank=str(smoke_bank)),
                            EvalConfig(roots=2, episodes_per_root=2, workers=workers), log_mlflow=False,
-                           progress=False)
+                           progress=False, out_dir=tmp_path / f"workers{workers}")
         return json.dumps([dataclasses.asdict(r) for r in records])
 
     alone = run(1)
@@ -533,3 +534,46 @@ def test_a_rerun_evaluates_only_the_cells_whose_inputs_changed(smoke_bank: Path,
     assert evaluated == ["lara_fm", "lara_fm"]
     run(reuse=False)
     assert sorted(evaluated) == ["edf", "edf", "lara_fm", "lara_fm"]
+
+
+def test_a_stopped_evaluation_resumes_from_its_journal(smoke_bank: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cells finished before a crash are journalled and not evaluated again, with or without
+    `reuse`; the resumed results equal an uninterrupted run's, and the journal is then gone."""
+    rules = builtin_methods(None, {})
+    methods = [rules["edf"], rules["fifo"], rules["lara"]]
+    evaluated: list[str] = []
+    real = evaluate_module.evaluate_method
+    crash_at: list[int] = []
+
+    def counting(method, *rest):
+        if len(evaluated) in crash_at:
+            raise RuntimeError("node lost")
+        evaluated.append(method.name)
+        return real(method, *rest)
+
+    monkeypatch.setattr(evaluate_module, "evaluate_method", counting)
+
+    def run(out: Path, reuse: bool) -> str:
+        evaluated.clear()
+        records = evaluate(methods, ["id", "rl_ood"], [0.04], smoke_bank, EnvConfig(bank=str(smoke_bank)),
+                           EvalConfig(roots=1, episodes_per_root=2, workers=1), out_dir=out,
+                           log_mlflow=False, progress=False, reuse=reuse)
+        return json.dumps([dataclasses.asdict(r) for r in records])
+
+    whole = run(tmp_path / "whole", reuse=False)
+    crash_at.append(4)
+    with pytest.raises(RuntimeError, match="node lost"):
+        run(tmp_path / "stopped", reuse=False)
+    journal = tmp_path / "stopped" / CELL_JOURNAL
+    assert len(journal.read_text().splitlines()) == 4 and not (tmp_path / "stopped" / "results.json").exists()
+    with journal.open("a") as f:
+        f.write('{"key": "cut sho')  # the process was killed while writing a line
+    crash_at.clear()
+    assert run(tmp_path / "stopped", reuse=False) == whole
+    assert evaluated == ["fifo", "lara"]  # the rl_ood cells after the first four
+    assert not journal.exists()
+
+    journal.write_text("not json\n{}\n")
+    with pytest.raises(ConfigError, match="line 1"):
+        run(tmp_path / "stopped", reuse=False)
