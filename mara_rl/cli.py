@@ -27,9 +27,10 @@ from mara_fm.build_bank import profile_bank
 from mara_live.config import LiveConfig
 from mara_rl import live_commands, pipeline, scheduler_commands
 from mara_rl.bench import run_bench
-from mara_rl.evaluate import EvalConfig, evaluate, markdown_table
+from mara_rl.evaluate import EvalConfig, evaluate
 from mara_rl.live_commands import live_env_config, live_method
 from mara_rl.methods import builtin_methods, learned, parse_policies, unavailable
+from mara_rl.records import markdown_table
 from mara_rl.scheduler_config import scheduler_config, training_env
 
 UNTRACKED = ("curves", "bench")  # the commands that log nothing to MLflow

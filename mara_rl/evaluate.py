@@ -16,9 +16,9 @@ import os
 import pickle
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -26,7 +26,6 @@ from tqdm import tqdm
 from mara_common.config import ConfigError, check_config, setting
 from mara_common.paths import EPISODE_DIR
 from mara_common.threads import torch_threads
-from mara_common.tracking import mlflow_run
 from mara_env.cluster import ClusterConfig
 from mara_env.env import EnvConfig, load_curves
 from mara_env.vector import replay_in_lockstep
@@ -42,10 +41,17 @@ from mara_env.workload import (
 )
 from mara_fm.bank import CurveSet, bank_digest
 from mara_rl.methods import VARIANTS, Method
-from mara_rl.provenance import INPUTS_JSON, cell_key, evaluation_inputs, input_tags
+from mara_rl.provenance import cell_key, evaluation_inputs, input_tags
+from mara_rl.records import (
+    CELL_JOURNAL,
+    Record,
+    journal_records,
+    log_records,
+    open_journal,
+    stored_records,
+    write_results,
+)
 
-EVAL_EXPERIMENT = "mara-evaluation"
-CELL_JOURNAL = "cells.jsonl"  # in the results folder while an evaluation runs: its finished cells
 DIAGNOSTICS = ("utilisation", "full_queue_fraction", "waiting_population", "readiness_steps")
 # Slack of a task = its window minus the batches it truly needs; feasible tasks have slack ≥ 0.
 # Completion per slack band shows where methods differ: every method finishes the roomy
@@ -125,22 +131,6 @@ def pooled_episodes(cfg: EnvConfig, roots: int, per_root: int) -> list[Episode]:
     return [e for root in range(roots)
             for e in frozen_episodes(cfg.bank_path, cfg.task_set, cfg.split, cfg.arrival_prob, root,
                                      per_root, cfg.horizon, cfg.workload)]
-
-
-@dataclass
-class Record:
-    method: str
-    task_set: str
-    load: float
-    scenario: str
-    success_rate_mean: float
-    success_rate_std: float  # sample std over evaluation roots
-    per_root: list[float]
-    per_episode: list[float]
-    tasks_per_episode: float
-    diagnostics: dict[str, float] = field(default_factory=dict)
-    seed: int | None = None  # the method's training seed; per_episode is in the same order for all
-    split: str = "test"  # which curves the episodes came from ("val" for choices made on results)
 
 
 def evaluate_method(method: Method, env_cfg: EnvConfig, episodes: list[list[Episode]]) -> dict:
@@ -278,48 +268,6 @@ def to_record(method: Method, cfg: EnvConfig, out: dict, scenario: str, eval_cfg
     )
 
 
-def stored_records(out_dir: Path) -> dict[str, Record]:
-    """cell key → record of the evaluation `out_dir` holds (none if it holds none, or one
-    written before cells had keys)."""
-    results, inputs = out_dir / "results.json", out_dir / INPUTS_JSON
-    if not (results.exists() and inputs.exists()):
-        return {}
-    try:
-        keys = json.loads(inputs.read_text()).get("cells", [])
-        records = [Record(**r) for r in json.loads(results.read_text())]
-    except (json.JSONDecodeError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{out_dir}: results.json or {INPUTS_JSON} is not what `mara evaluate` writes ({exc}); "
-                          "delete them, or evaluate with --fresh") from None
-    return dict(zip(keys, records, strict=True)) if len(keys) == len(records) else {}
-
-
-def journal_records(out_dir: Path) -> dict[str, Record]:
-    """cell key → record of the cells that an evaluation into `out_dir` finished before it was
-    stopped. Only the last line may be cut short (a process killed while writing it)."""
-    path = out_dir / CELL_JOURNAL
-    lines = path.read_text().splitlines() if path.exists() else []
-    found: dict[str, Record] = {}
-    for n, line in enumerate(lines, start=1):
-        try:
-            entry = json.loads(line)
-            found[entry["key"]] = Record(**entry["record"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            if n < len(lines):
-                raise ConfigError(f"{path}, line {n}: not a cell that `mara evaluate` journals ({exc}); "
-                                  "delete the file to evaluate those cells again") from None
-    return found
-
-
-def open_journal(out_dir: Path) -> TextIO:
-    """The journal of `out_dir`, to append finished cells to (a cut-short last line dropped)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / CELL_JOURNAL
-    if path.exists():
-        text = path.read_text()
-        path.write_text(text[:text.rfind("\n") + 1])
-    return path.open("a")
-
-
 def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True,
                    finished: Callable[[int, dict], None] | None = None) -> list[dict]:
     """`evaluate_method` of every cell, in order, on up to `workers` processes (0: one per
@@ -357,65 +305,3 @@ def _pickles(obj: Any) -> bool:
     except (pickle.PicklingError, AttributeError, TypeError):
         return False
     return True
-
-
-def markdown_table(records: list[Record]) -> str:
-    lines = ["| method | task set | load | scenario | success % (mean ± std) | tasks/ep | "
-             "utilisation | full queue | waiting | readiness |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    def fmt(d: dict[str, float], key: str, scale: float = 1.0, digits: int = 2) -> str:
-        v = d.get(key, math.nan)
-        return "–" if math.isnan(v) else f"{v * scale:.{digits}f}"
-
-    for r in records:
-        d = r.diagnostics
-        method = r.method if r.seed is None else f"{r.method} (seed {r.seed})"
-        task_set = r.task_set if r.split == "test" else f"{r.task_set} ({r.split})"
-        lines.append(
-            f"| {method} | {task_set} | {r.load:.2f} | {r.scenario} | "
-            f"{100 * r.success_rate_mean:.2f} ± {100 * r.success_rate_std:.2f} | "
-            f"{r.tasks_per_episode:.2f} | {fmt(d, 'utilisation', 100, 1)} | "
-            f"{fmt(d, 'full_queue_fraction', 100, 1)} | {fmt(d, 'waiting_population')} | "
-            f"{fmt(d, 'readiness_steps', 1, 1)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_results(records: list[Record], out_dir: Path, inputs: dict[str, Any] | None = None) -> None:
-    """results.json and results.md, and `inputs` (`evaluation_inputs`) as inputs.json."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps([asdict(r) for r in records], indent=1))
-    (out_dir / "results.md").write_text(markdown_table(records))
-    if inputs is not None:
-        (out_dir / INPUTS_JSON).write_text(json.dumps(inputs, indent=1))
-
-
-def record_name(r: Record) -> str:
-    """A run name that says what the record is: method (seed), task set (split), load, and
-    the stress scenario where it is one."""
-    seed = "" if r.seed is None else f" seed {r.seed}"
-    split = "" if r.split == "test" else f" ({r.split})"
-    scenario = "" if r.scenario == "default" else f" · {r.scenario}"
-    return f"{r.method}{seed} · {r.task_set}{split} · p={r.load:g}{scenario}"
-
-
-def log_records(records: list[Record], out_dir: Path | None, tags: dict[str, Any] | None = None) -> None:
-    """One MLflow run for the evaluation (holding its results files once), with one nested
-    run per record: the same metric names everywhere, for the compare view."""
-    import mlflow
-
-    tags = {k: str(v) for k, v in (tags or {}).items()}
-    title = " · ".join(["evaluation", *(tags[k] for k in ("evaluation", "profile") if k in tags)])
-    with mlflow_run(EVAL_EXPERIMENT, title, {**tags, "kind": "evaluation"}):
-        if out_dir is not None:
-            mlflow.log_artifacts(str(out_dir))
-        for r in records:
-            params = {"method": r.method, "task_set": r.task_set, "load": r.load, "scenario": r.scenario,
-                      "split": r.split, **({} if r.seed is None else {"seed": r.seed})}
-            with mlflow_run(EVAL_EXPERIMENT, record_name(r), {**tags, **params, "kind": "record"}, nested=True):
-                mlflow.log_params(params)
-                metrics = {"success_rate_mean": r.success_rate_mean,
-                           "success_rate_std": r.success_rate_std,
-                           "tasks_per_episode": r.tasks_per_episode}
-                metrics.update({k: v for k, v in r.diagnostics.items() if not math.isnan(v)})
-                mlflow.log_metrics(metrics)

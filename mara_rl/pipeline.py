@@ -44,7 +44,8 @@ from mara_rl.methods import (
 )
 from mara_rl.policy import POLICY_SPEC
 from mara_rl.provenance import load_inputs
-from mara_rl.report import REPORT_JSON, ReportConfig, load_records, write_report
+from mara_rl.records import load_records
+from mara_rl.report import REPORT_JSON, ReportConfig, write_report
 from mara_rl.run_state import load_state, policy_dir, run_inputs, settings_changed
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
 from mara_rl.timeline import TIMELINE_PNG, record

@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from mara_common.config import ConfigError
 from mara_common.paths import README
 from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_fm.eval_predictor import markdown_table as predictor_table
-from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, EVAL_EXPERIMENT, Record, slack_bands
+from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, slack_bands
 from mara_rl.methods import SPECS, rule_names
+from mara_rl.records import EVAL_EXPERIMENT, Record
 from mara_rl.stats import BootstrapConfig, difference_matrix, hierarchical_bootstrap, mean_std
 from mara_rl.timeline import TIMELINE_PNG
 
@@ -75,18 +75,6 @@ class Scores:
         mean, std = mean_std(np.concatenate(list(self.roots.values())))
         return {"mean": mean, "std": std, "n": sum(len(v) for v in self.roots.values()),
                 "tasks_per_episode": self.tasks_per_episode}
-
-
-def load_records(paths: Sequence[str | Path]) -> list[Record]:
-    """Every record of the `results.json` files, naming a file that is not one."""
-    records = []
-    for path in paths:
-        try:
-            records += [Record(**r) for r in json.loads(Path(path).read_text())]
-        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{path}: not a results file of `mara evaluate` ({exc}); "
-                              "evaluate again to rewrite it") from None
-    return records
 
 
 def method_names(records: list[Record]) -> list[str]:

@@ -27,14 +27,7 @@ from mara_fm.bank import bank_digest
 from mara_fm.predictors import predictor_digest
 from mara_rl import evaluate as evaluate_module
 from mara_rl.cli import main
-from mara_rl.evaluate import (
-    CELL_JOURNAL,
-    EvalConfig,
-    Record,
-    evaluate,
-    slack_bands,
-    write_results,
-)
+from mara_rl.evaluate import EvalConfig, evaluate, slack_bands
 from mara_rl.mat_module import MATConfig
 from mara_rl.methods import BUILTIN, VARIANTS, Method, builtin_methods, classic, learned
 from mara_rl.pipeline import (
@@ -48,6 +41,7 @@ from mara_rl.pipeline import (
 )
 from mara_rl.policy import export_policy, module_spec, policy_digest
 from mara_rl.provenance import evaluation_inputs, load_inputs
+from mara_rl.records import CELL_JOURNAL, Record, write_results
 from mara_rl.report import (
     MEAN,
     RESULTS_BEGIN,
