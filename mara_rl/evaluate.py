@@ -222,7 +222,7 @@ def evaluate(methods: list[Method], task_sets: list[str], loads: list[float], ba
                 journal.flush()
 
         try:
-            evaluate_cells([cells[i] for i in todo], eval_cfg.workers, progress, finished)
+            evaluate_cells([cells[i] for i in todo], finished, eval_cfg.workers, progress)
         finally:
             if journal is not None:
                 journal.close()
@@ -268,10 +268,10 @@ def to_record(method: Method, cfg: EnvConfig, out: dict, scenario: str, eval_cfg
     )
 
 
-def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True,
-                   finished: Callable[[int, dict], None] | None = None) -> list[dict]:
-    """`evaluate_method` of every cell, in order, on up to `workers` processes (0: one per
-    CPU core this process may use); `finished(i, result)` is called as cell i finishes.
+def evaluate_cells(cells: list[Cell], finished: Callable[[int, dict], None], workers: int = 0,
+                   progress: bool = True) -> None:
+    """`evaluate_method` of every cell on up to `workers` processes (0: one per CPU core this
+    process may use), handing each result to `finished(i, result)` as cell i finishes.
 
     A cell is independent of every other (its episodes are frozen, the predictors draw
     fixed samples, the policies act greedily) and runs whole in one process on one torch
@@ -279,19 +279,15 @@ def evaluate_cells(cells: list[Cell], workers: int = 0, progress: bool = True,
     not forked: the calling process may hold Ray's or MLflow's threads. Cells whose method
     does not pickle (a lambda written in a test or a probe) keep the evaluation in this process.
     """
-    done = finished or (lambda i, out: None)
     workers = min(workers or len(os.sched_getaffinity(0)), len(cells))
     if workers <= 1 or not all(_pickles(method) for method, _, _ in cells):
-        results = []
         for i, cell in enumerate(tqdm(cells, desc="evaluate", disable=not progress)):
-            results.append(evaluate_method(*cell))
-            done(i, results[-1])
-        return results
+            finished(i, evaluate_method(*cell))
+        return
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_evaluate_cell, cell): i for i, cell in enumerate(cells)}
         for future in tqdm(as_completed(futures), total=len(futures), desc="evaluate", disable=not progress):
-            done(futures[future], future.result())
-    return [f.result() for f in futures]
+            finished(futures[future], future.result())
 
 
 def _evaluate_cell(cell: Cell) -> dict:
