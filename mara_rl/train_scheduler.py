@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -323,6 +324,10 @@ def _train_loop(cfg: SchedulerConfig, env_cfg: EnvConfig, out_dir: Path, state: 
                 shutil.copytree(best_policy_dir(out_dir, best["iteration"]), policy)
                 mlflow.set_tags({"exported_iteration": best["iteration"]})
                 mlflow.log_metrics({f"exported_val_{k}": v for k, v in best.items() if k != "iteration"})
+                if not best["stress_complete"]:  # selection fell back to the success rate alone
+                    print(f"warning: no validated policy finished every feasible task of the validation "
+                          f"stress episode (best {best['stress_successes']:.0f} successes); exported "
+                          f"iteration {best['iteration']} by its success rate", file=sys.stderr, flush=True)
             else:
                 export_policy(sync_evaluator(), policy, env_cfg)
             mlflow.log_artifacts(str(policy), artifact_path="policy")

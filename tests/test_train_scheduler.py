@@ -48,8 +48,8 @@ def smoke_config(**overrides: object) -> SchedulerConfig:
 
 
 
-def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path,
-                                        ray_local: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp_path: Path, ray_local: None,
+                                        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = smoke_config(train_batch_size=200, minibatch_size=100, eval_episodes=2, imitation_episodes=1,
                        imitation_epochs=1, imitation_dagger_rounds=1, imitation_dagger_epochs=1)
     env_cfg = EnvConfig(bank=str(smoke_bank), horizon=100, arrival_prob=0.2)
@@ -77,6 +77,9 @@ def test_train_checkpoint_resume_export(smoke_bank: Path, mlflow_store: str, tmp
     kept = out / f"best_policy-{best['iteration']}"
     assert [p.name for p in out.glob("best_policy-*")] == [kept.name]
     assert (policy / "policy.pt").read_bytes() == (kept / "policy.pt").read_bytes()
+    # An export that never finished the validation stress episode says so.
+    warned = "no validated policy finished every feasible task" in capsys.readouterr().err
+    assert warned == (not best["stress_complete"])
 
     # A crash inside the checkpoint swap (the new one written beside, the old one set aside)
     # leaves a folder that resumes from the last committed iteration.
