@@ -72,6 +72,12 @@ class EnvConfig:
     queue_size: int = setting(8, ge=0, help="waiting queue Q (0: arrivals with no free slot are rejected)")
     horizon: int = setting(500, ge=1, help="steps T per episode")
     arrival_prob: float = setting(0.04, ge=0.0, le=1.0, help="probability of an arrival at each step")
+    # An addition to the paper, for training: each sampled episode draws its arrival
+    # probability uniformly from [arrival_prob, arrival_prob_max], so a policy meets the
+    # heavier loads of the sweep. Episodes passed in (the frozen evaluation sets) keep theirs.
+    arrival_prob_max: float | None = setting(None, ge=0.0, le=1.0,
+                                             help="draw each sampled episode's arrival probability "
+                                             "up to this (unset: arrival_prob)")
     task_set: str = setting("id", help="the bank's task set: id, rl_ood or vit_ood")
     split: str = setting("train", choices=SPLITS, help="the bank's split")
     predictor: str | Predictor = "wls"
@@ -130,6 +136,9 @@ class EnvConfig:
         """Every count, share and range checked here, naming the field (ConfigError, a ValueError);
         `workload` and `burst` may be given as dicts of their settings."""
         check_config(self)
+        if self.arrival_prob_max is not None and self.arrival_prob_max < self.arrival_prob:
+            raise ConfigError(f"EnvConfig.arrival_prob_max: {self.arrival_prob_max} is below "
+                              f"arrival_prob {self.arrival_prob}")
         if self.rule_hint is not None and self.rule_hint not in ALLOCATORS:
             raise ConfigError(f"EnvConfig.rule_hint: unknown allocator {self.rule_hint!r}; "
                               f"known: {sorted(ALLOCATORS)}")
@@ -261,7 +270,10 @@ class MultiNodeEnv(gym.Env):
         super().reset(seed=seed)
         episode = (options or {}).get("episode")
         if episode is None:
-            episode = sample_episode(self.curves, self.cfg.horizon, self.cfg.arrival_prob,
+            load = self.cfg.arrival_prob
+            if self.cfg.arrival_prob_max is not None:
+                load = self.np_random.uniform(load, self.cfg.arrival_prob_max)
+            episode = sample_episode(self.curves, self.cfg.horizon, load,
                                      self.cfg.workload, self.np_random, self.reference)
             if self.cfg.burst_prob > 0 and self.np_random.random() < self.cfg.burst_prob:
                 episode = add_burst(episode, self.curves, self.cfg.burst, self.np_random)

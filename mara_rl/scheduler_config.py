@@ -38,6 +38,10 @@ class SchedulerConfig:
     seed: int = setting(0, ge=0, label="seed", help="training seed")
     burst_prob: float = setting(0.0, ge=0.0, le=1.0, label="burst",
                                 help="share of training episodes with an overload burst")
+    arrival_prob_max: float | None = setting(None, ge=0.0, le=1.0, label="pmax",
+                                             help="training episodes draw their arrival probability "
+                                             "from [the profile's, this] (EnvConfig.arrival_prob_max; "
+                                             "unset: the profile's)")
     decision_interval: int | None = setting(None, ge=1, label="hold",
                                             help="the policy decides at events, holding each joint action "
                                             "up to N steps (EnvConfig.decision_interval; unset: every step)")
@@ -161,10 +165,11 @@ def default_out(profile: Profile, cfg: SchedulerConfig) -> Path:
 
 def training_env(cfg: SchedulerConfig, profile: Profile, bank: Path) -> EnvConfig:
     """The env a scheduler trains in: the profile's `[env]` on ID train, with this run's
-    predictor, β, burst share, decision interval, trend, rule hint and critic features (the
+    predictor, β, burst share, load range, decision interval, trend, rule hint and critic features (the
     rules of the evaluation keep `[env]`'s)."""
     shown = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
              if f.name in VIEW_OPTIONS and getattr(cfg, f.name)}
     return profile.section(EnvConfig, "env", bank=normal_path(bank), predictor=cfg.predictor_spec(),
                            beta=cfg.beta, task_set="id", split="train", burst_prob=cfg.burst_prob,
+                           arrival_prob_max=cfg.arrival_prob_max,
                            critic_features=cfg.critic == "privileged", **shown)

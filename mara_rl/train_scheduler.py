@@ -116,7 +116,7 @@ def evaluate_policy(module: MATModule, env_cfg: EnvConfig, episodes: int, seed: 
     `stress_complete` is 1 when the policy finishes every feasible task of the stress
     episode (the Oracle bound), else 0.
     """
-    base = dataclasses.replace(env_cfg, split="val", burst_prob=0.0)
+    base = dataclasses.replace(env_cfg, split="val", burst_prob=0.0, arrival_prob_max=None)
     curves = load_curves(base.bank_path, base.task_set, base.split)
     stress = stress_episode(curves, base.horizon, seed=seed)
     *finals, stress_final = replay_in_lockstep(base, [*sample_episodes(base, episodes, seed), stress],

@@ -189,6 +189,24 @@ def test_training_bursts_put_doomed_tasks_before_short_ones(smoke_bank):
         make(smoke_bank, burst_prob=2.0)
 
 
+def test_a_load_range_draws_each_training_episodes_load_and_leaves_given_episodes_alone(smoke_bank):
+    ranged = make(smoke_bank, split="train", horizon=400, arrival_prob=0.02, arrival_prob_max=0.2).unwrapped
+    fixed = make(smoke_bank, split="train", horizon=400, arrival_prob=0.02).unwrapped
+    counts = []
+    for seed in range(12):
+        ranged.reset(seed=seed)
+        counts.append(len(ranged.episode))
+        fixed.reset(seed=seed)
+        assert len(fixed.episode) <= 25  # p = 0.02 over 400 steps: 8 expected
+    assert min(counts) <= 25 < 40 <= max(counts)  # loads from near 0.02 to near 0.2 (8 to 80)
+    ranged.reset(seed=3)
+    again = ranged.episode
+    ranged.reset(seed=3)
+    assert ranged.episode.curve_ids == again.curve_ids  # the drawn load follows the seed
+    ranged.reset(options={"episode": fixed.episode})  # a frozen episode is replayed as it is
+    assert ranged.episode is fixed.episode
+
+
 def test_fit_horizon_sizes_late_arrivals_to_the_time_left(smoke_bank):
     """With exact thresholds and windows ≥ demand, every task fits unless clipping cuts it off."""
     curves = load_curves(smoke_bank, "id", "train")

@@ -123,6 +123,8 @@ def test_bursts_in_a_short_horizon_keep_only_tasks_that_arrive_in_it(smoke_bank)
     ({"arrival_prob": 1.5}, "arrival_prob"),
     ({"arrival_prob": "0.1"}, "arrival_prob"),
     ({"burst_prob": -0.5}, "burst_prob"),
+    ({"arrival_prob_max": 1.5}, "arrival_prob_max"),
+    ({"arrival_prob": 0.05, "arrival_prob_max": 0.04}, "arrival_prob_max"),
     ({"strict": 1}, "strict"),
     ({"split": "validation"}, "split"),
     ({"optimistic_quantile": 0.7}, "optimistic_quantile"),
