@@ -246,8 +246,9 @@ def planned_cells(methods: list[Method], task_sets: list[str], loads: list[float
     """Every (task set, load, method) of an evaluation with its env and frozen episodes."""
     cells: list[Cell] = []
     for task_set, load, method in [(ts, load, m) for ts in task_sets for load in loads for m in methods]:
+        # Frozen episodes carry their load, so a training load range has no part here.
         cfg = EnvConfig(**{**asdict(env_cfg), "task_set": task_set, "split": eval_cfg.split,
-                           "arrival_prob": load, "bank": str(bank)})
+                           "arrival_prob": load, "arrival_prob_max": None, "bank": str(bank)})
         count = 1 if scenario == "stress" else eval_cfg.episodes_per_root
         # Made here, before any worker starts, so that no two processes write one episode file.
         episodes = [frozen_episodes(bank, task_set, eval_cfg.split, load, r, count, cfg.horizon,

@@ -198,7 +198,7 @@ def timeline_stage(profile: Profile, cfg: PipelineConfig, policies: dict[tuple[s
         methods = [learned(v, policy.parent, seed) for (v, seed), policy in policies.items() if seed == first]
         methods += [m for m in profile_methods(profile).values() if m.make is not None]
         cfg_here = dataclasses.replace(env_cfg, bank=str(paths.bank), task_set=task_set, split=eval_cfg.split,
-                                       arrival_prob=load)
+                                       arrival_prob=load, arrival_prob_max=None)
         out.parent.mkdir(parents=True, exist_ok=True)
         plot_timelines({m.name: record(m, cfg_here, episode) for m in methods}, out)
 

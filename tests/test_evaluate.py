@@ -12,7 +12,9 @@ from mara_env.workload import load_episodes, true_demand
 from mara_fm.bank import bank_digest, load_bank, save_bank
 from mara_rl.cli import main
 from mara_rl.evaluate import (
+    EvalConfig,
     completion_by_slack,
+    evaluate,
     evaluate_method,
     frozen_episodes,
     pooled_episodes,
@@ -142,6 +144,17 @@ def test_completion_by_slack_accounts_for_every_success(smoke_bank):
     flags[ep][infeasible[0] - sizes[ep]] = True
     with pytest.raises(AssertionError, match="beyond its own dedicated-node bound"):
         completion_by_slack(episodes, flags, curves)
+
+
+def test_a_training_load_range_leaves_the_evaluation_alone(smoke_bank):
+    """Frozen episodes carry their own load, so an env whose range stops below a swept load
+    evaluates it, and as an env without the range does."""
+    methods = [builtin_methods(None, {})["edf"]]
+    eval_cfg = EvalConfig(roots=1, episodes_per_root=2, workers=1)
+    plain, ranged = (evaluate(methods, ["id"], [0.08], smoke_bank, EnvConfig(bank=str(smoke_bank), **kw),
+                              eval_cfg, log_mlflow=False, progress=False)
+                     for kw in ({}, {"arrival_prob_max": 0.05}))
+    assert ranged[0].per_episode == plain[0].per_episode and ranged[0].load == 0.08
 
 
 @pytest.mark.parametrize("bad", [{"kind": "baseline"}, {"view": "all"}, {"predictor": "fm:/x"}])
