@@ -25,6 +25,10 @@ STAGE_ONE = ("bank", "wide_bank", "history_bank", "predictor")
 # banks and predictor (files and sections: no stage one of its own), and takes every other section
 # from it key by key (tables merged), so it writes down only what differs.
 EXTENDS = "extends"
+# A top-level key of a profile that extends another: `unset = ["scheduler.arrival_prob_max"]` drops
+# inherited keys ("section.key", or "section.table.key"), so those fields take their dataclass
+# defaults. TOML has no null, and without it a child could not turn off what its base turns on.
+UNSET = "unset"
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -33,6 +37,25 @@ def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     for key, value in changes.items():
         both_tables = isinstance(value, dict) and isinstance(base.get(key), dict)
         out[key] = merged(base[key], value) if both_tables else value
+    return out
+
+
+def without(sections: dict[str, Any], dotted: str, where: str) -> dict[str, Any]:
+    """`sections` less the key that `dotted` ("section.key", "section.table.key") names."""
+    *tables, key = dotted.split(".")
+    if not tables or tables[0] in STAGE_ONE:
+        raise ConfigError(f"{where}: name an inherited key as \"section.key\" outside "
+                          f"{list(STAGE_ONE)}")
+    out = dict(sections)
+    body = out
+    for name in tables:
+        if not isinstance(body.get(name), dict):
+            raise ConfigError(f"{where}: the base profile has no [{'.'.join(tables)}] to drop it from")
+        body[name] = dict(body[name])
+        body = body[name]
+    if key not in body:
+        raise ConfigError(f"{where}: the base profile does not set it, so there is nothing to unset")
+    del body[key]
     return out
 
 
@@ -71,6 +94,11 @@ class Profile:
         base = sections.pop(EXTENDS, None)
         if base is not None and not isinstance(base, str):
             raise ConfigError(f"{path}: {EXTENDS} should name a profile, got {base!r}")
+        unset = sections.pop(UNSET, [])
+        if unset and base is None:
+            raise ConfigError(f"{path}: {UNSET} drops keys a base profile sets; add {EXTENDS} = \"...\"")
+        if not isinstance(unset, list) or not all(isinstance(k, str) for k in unset):
+            raise ConfigError(f"{path}: {UNSET} should list \"section.key\" names, got {unset!r}")
         if base is not None and set(STAGE_ONE) & set(sections):
             raise ConfigError(f"{path}: a profile that {EXTENDS} another takes [bank] and [predictor] from "
                               f"{base!r}; remove its own {sorted(set(STAGE_ONE) & set(sections))}")
@@ -87,6 +115,8 @@ class Profile:
             raise ConfigError(f"{path}: {EXTENDS} {base!r}, which itself {EXTENDS} "
                               f"{parent.stage_one.name!r}; extend a profile with a stage one of its own")
         inherited = {name: body for name, body in parent.sections.items() if name not in STAGE_ONE}
+        for dotted in unset:
+            inherited = without(inherited, dotted, f"{path}: {UNSET} {dotted!r}")
         return cls(path.stem, path, merged(inherited, sections), parent)
 
     @property

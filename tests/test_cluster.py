@@ -22,6 +22,7 @@ from mara_rl.evaluate import EvalConfig, evaluate_method
 from mara_rl.mat_module import MATModule
 from mara_rl.methods import builtin_methods
 from mara_rl.report import ReportConfig
+from mara_rl.scheduler_config import SchedulerConfig
 from mara_rl.timeline import plot, record
 
 CLUSTER = ClusterConfig(node_speeds=(2, 2, 1, 1, 1, 0.5, 0.5), restore_lo=2, restore_hi=10)
@@ -248,6 +249,34 @@ def test_a_profile_that_extends_another_writes_down_only_what_differs(tmp_path) 
     (tmp_path / "b.toml").write_text(f'extends = "{tmp_path / "a.toml"}"\n')
     with pytest.raises(ConfigError, match="in a loop"):
         Profile.load(tmp_path / "a.toml")
+
+
+def test_a_profile_that_extends_another_can_unset_an_inherited_key(tmp_path) -> None:
+    """`unset` drops an inherited key, so its field takes the dataclass default; a key the base
+    does not set, a stage-one key, a malformed list and `unset` without a base are refused."""
+    smoke = Profile.load("smoke").values("scheduler")
+    assert smoke["iterations"] != SchedulerConfig().iterations and "work_conserving" in smoke["mat"]
+    child = tmp_path / "child.toml"
+    child.write_text(f'extends = "{PROFILE_DIR / "smoke.toml"}"\n'
+                     'unset = ["scheduler.iterations", "scheduler.mat.work_conserving"]\n')
+    profile = Profile.load(child)
+    values = profile.values("scheduler")
+    assert "iterations" not in values and "work_conserving" not in values["mat"]
+    assert {k: v for k, v in values.items() if k != "mat"} == {k: v for k, v in smoke.items()
+                                                               if k not in ("mat", "iterations")}
+    assert profile.section(SchedulerConfig, "scheduler").iterations == SchedulerConfig().iterations
+    assert Profile.load("smoke").values("scheduler") == smoke  # the base profile is left as it was
+    for unset, message in [('["scheduler.no_such_key"]', "does not set it"),
+                           ('["no_such_section.beta"]', r"has no \[no_such_section\]"),
+                           ('["bank.seed"]', "outside"), ('["iterations"]', "outside"),
+                           ('"scheduler.iterations"', "should list")]:
+        child.write_text(f'extends = "{PROFILE_DIR / "smoke.toml"}"\nunset = {unset}\n')
+        with pytest.raises(ConfigError, match=message):
+            Profile.load(child)
+    lone = tmp_path / "lone.toml"
+    lone.write_text('unset = ["scheduler.iterations"]\n')
+    with pytest.raises(ConfigError, match="add extends"):
+        Profile.load(lone)
 
 
 def test_evaluation_on_the_cluster_counts_slack_on_the_fastest_node(smoke_bank) -> None:
