@@ -1,5 +1,5 @@
 """Which CPU kernels torch and MKL run: the libraries' own choice, or pinned to their AVX2
-versions so that results do not depend on the processor they were computed on.
+versions, the branch the libraries promise to keep the same on every processor that runs it.
 
 Why: within one machine every run is bit-identical, but torch's vectorised kernels and MKL's
 matrix products pick their code by the processor (AVX2 here, AVX-512 elsewhere), their sums
@@ -9,10 +9,10 @@ when they first run: torch's `ATEN_CPU_CAPABILITY`, MKL's conditional-numerical-
 branch `MKL_CBWR` and oneDNN's `ONEDNN_MAX_CPU_ISA`.
 
 `MARA_KERNELS` chooses: `native` (the default: the libraries' own choice, which every recorded
-figure was computed with) or `avx2` (for runs to be compared across machines; left unpinned on a
-processor without AVX2). MKL's AVX2 branch is not always the code it picks by itself: on this
-project's AMD machine the pin changes the last bits of some bank curves, and so the predictor
-and every trained policy, which is why it is not the default. A variable the user has set already
+figure was computed with) or `avx2` (left unpinned on a processor without AVX2). The pin does not
+make results identical across processors: an Intel Xeon and an AMD EPYC build different banks
+with it as without it, and it changes the last bits of the bank, and so the predictor and every
+trained policy, on each of them; so it is not the default. A variable the user has set already
 is kept. The CLI pins before any work and the Ray workers it starts inherit the pin; a Ray job
 gets it in its runtime env.
 """
