@@ -121,15 +121,15 @@ def compare(ref: Scores, other: Scores, cfg: BootstrapConfig) -> dict[str, Any]:
     return {**asdict(diff), "excludes_zero": diff.excludes_zero}
 
 
-def best_rule(rows: dict[str, Scores], comps: dict[str, dict], reference: str | None) -> dict[str, Any] | None:
-    """reference − the evaluated hand-written rule with the highest mean success in this scope
-    (`comps`: the scope's comparisons with the reference; None where there is no such rule)."""
-    rules = [m for m in rule_names(reference) if m in rows and m in comps and m != reference]
-    if not rules:
+def best_rule(rows: dict[str, Scores], method: str | None, cfg: BootstrapConfig) -> dict[str, Any] | None:
+    """`method` − the hand-written rule it is measured against (`rule_names`) with the highest
+    mean success in this scope; None where the method or every such rule is absent."""
+    rules = [m for m in rule_names(method) if m in rows and m != method]
+    if method not in rows or not rules:
         return None
     best = max(rules, key=lambda m: rows[m].summary()["mean"])  # ties: the registry's order
     return {"rule": best, "rule_mean": rows[best].summary()["mean"],
-            "reference_mean": rows[reference].summary()["mean"], **comps[best]}
+            "reference_mean": rows[method].summary()["mean"], **compare(rows[method], rows[best], cfg)}
 
 
 def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
@@ -161,7 +161,8 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
     table2_seeds = {m: {str(s): {col: float(np.mean(rows[m].roots[s])) for col, rows in main.items()
                                  if m in rows and s in rows[m].roots} for s in seeds[m]}
                     for m in methods if len(seeds[m]) > 1}
-    diag_scope = main.get(MEAN) or next(iter(main.values()), {})
+    widest = MEAN if MEAN in main else next(iter(main), None)  # Table 4's scope, and the variants'
+    widest_rows = main[widest] if widest else {}
 
     stress_sets = sorted({r.task_set for r in records if r.scenario == "stress"})
     stress_load = next((r.load for r in records if r.scenario == "stress"), cfg.main_load)
@@ -176,12 +177,14 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
     main_comps = {col: comparisons(rows) for col, rows in main.items()}
     stress_comps = comparisons(stress)
     sweep_comps = {f"{p:g}": comparisons(rows) for p, rows in sweep.items()}
-    by_col = {col: best_rule(main[col], main_comps[col], reference) for col in main}
-    by_load = {f"{p:g}": best_rule(sweep[p], sweep_comps[f"{p:g}"], reference) for p in loads}
+    by_col = {col: best_rule(main[col], reference, cfg.bootstrap) for col in main}
+    by_load = {f"{p:g}": best_rule(sweep[p], reference, cfg.bootstrap) for p in loads}
     vs_best_rule = {"rules": [m for m in rule_names(reference) if m in methods and m != reference],
                     "table2": {col: c for col, c in by_col.items() if c},
                     "load_sweep": {p: c for p, c in by_load.items() if c},
-                    "stress": best_rule(stress, stress_comps, reference)}  # None where not evaluated
+                    "stress": best_rule(stress, reference, cfg.bootstrap)}  # None where not evaluated
+    # Every learned variant against the rules that know what it knows, on Table 2's widest scope.
+    variants = {m: best_rule(widest_rows, m, cfg.bootstrap) for m in methods if m not in SPECS}
 
     report = {
         "reference": reference,
@@ -191,6 +194,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
         "table2": {"columns": list(main), "rows": {m: c for m, c in table2.items() if c}},
         "table2_seeds": table2_seeds,
         "vs_best_rule": vs_best_rule,
+        "variants_vs_best_rule": {"scope": widest, "rows": {m: c for m, c in variants.items() if c}},
         "table2_comparisons": main_comps,
         "table3": {"task_sets": stress_sets, "rows": {m: s.summary() for m, s in stress.items()}},
         "table3_comparisons": stress_comps,
@@ -198,7 +202,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
                        "rows": {m: {f"{p:g}": sweep[p][m].summary() for p in loads if m in sweep[p]}
                                 for m in methods if any(m in sweep[p] for p in loads)}},
         "load_sweep_comparisons": sweep_comps,
-        "table4": {m: s.diagnostics for m, s in diag_scope.items()},
+        "table4": {m: s.diagnostics for m, s in widest_rows.items()},
         "predictor": predictor_eval,
     }
     report["targets"] = target_checks(report, cfg) if reference else []
@@ -335,6 +339,14 @@ def best_rule_section(report: dict[str, Any]) -> str:
     out.append(table(["scope", "best rule", "rule %", f"{ref} %", f"{ref} − rule", "seeds × episodes"],
                      [[scope, c["rule"], pct(c["rule_mean"]), pct(c["reference_mean"]), interval(c),
                        sample_size(c)] for scope, c in scoped]))
+    variants = report.get("variants_vs_best_rule", {})
+    if len(variants.get("rows", {})) > 1:
+        out.append(f"\nEvery learned variant against the best rule that knows what it knows (a variant told "
+                   f"job kinds meets the rules told them too), on `{variants['scope']}` at "
+                   f"p = {report['main_load']:g}:\n")
+        out.append(table(["variant", "best rule", "rule %", "variant %", "variant − rule", "seeds × episodes"],
+                         [[m, c["rule"], pct(c["rule_mean"]), pct(c["reference_mean"]), interval(c),
+                           sample_size(c)] for m, c in variants["rows"].items()]))
     return "\n".join(out)
 
 

@@ -272,6 +272,18 @@ def test_a_variant_told_job_kinds_is_measured_against_the_rules_told_them_too() 
     blind = build(records, ReportConfig(reference="mara"))
     assert blind["vs_best_rule"]["rules"] == ["edf"]
     assert blind["vs_best_rule"]["table2"][MEAN]["rule"] == "edf"
+    # Whichever is the reference, each variant also meets its own rules, in the same table.
+    for report in (told, blind):
+        variants = report["variants_vs_best_rule"]
+        assert variants["scope"] == MEAN
+        assert {m: c["rule"] for m, c in variants["rows"].items()} == \
+            {"mara": "edf", "mara_history": "lara_history_optimistic"}
+        ref = report["reference"]
+        assert variants["rows"][ref] == report["vs_best_rule"]["table2"][MEAN]
+        c = variants["rows"]["mara_history"]
+        assert c["mean"] == pytest.approx(np.mean([0.6225, 0.6325]) - 0.6025)
+        assert md_row(render(report, "synthetic"), "mara_history", "## The learned policy") == \
+            f"| mara_history | lara_history_optimistic | 60.25 | {100 * c['reference_mean']:.2f} | {interval(c)} | 2 × 12 |"
 
 
 def test_the_best_rule_section_comes_first(best_rule_report: dict, written: Path) -> None:
