@@ -183,7 +183,7 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
                     "table2": {col: c for col, c in by_col.items() if c},
                     "load_sweep": {p: c for p, c in by_load.items() if c},
                     "stress": best_rule(stress, reference, cfg.bootstrap)}  # None where not evaluated
-    # Every learned variant against the rules that know what it knows, on Table 2's widest scope.
+    # Every learned variant against the rules it is measured against, on Table 2's widest scope.
     variants = {m: best_rule(widest_rows, m, cfg.bootstrap) for m in methods if m not in SPECS}
 
     report = {
@@ -341,9 +341,9 @@ def best_rule_section(report: dict[str, Any]) -> str:
                        sample_size(c)] for scope, c in scoped]))
     variants = report.get("variants_vs_best_rule", {})
     if len(variants.get("rows", {})) > 1:
-        out.append(f"\nEvery learned variant against the best rule that knows what it knows (a variant told "
-                   f"job kinds meets the rules told them too), on `{variants['scope']}` at "
-                   f"p = {report['main_load']:g}:\n")
+        out.append(f"Every learned variant against the best of the rules it is measured against (the "
+                   f"observation-only rules; for a variant told job kinds, those told them too), on "
+                   f"`{variants['scope']}` at p = {report['main_load']:g}:\n")
         out.append(table(["variant", "best rule", "rule %", "variant %", "variant − rule", "seeds × episodes"],
                          [[m, c["rule"], pct(c["rule_mean"]), pct(c["reference_mean"]), interval(c),
                            sample_size(c)] for m, c in variants["rows"].items()]))
