@@ -589,6 +589,8 @@ def log_report(report: dict[str, Any], files: list[Path], profile: str) -> None:
                     for col, comps in report["table2_comparisons"].items() for m, c in comps.items()}
         metrics |= {f"diff.{report['reference']}-best_rule.{col}": c["mean"]
                     for col, c in report["vs_best_rule"]["table2"].items()}
+        variants = report["variants_vs_best_rule"]
+        metrics |= {f"diff.{m}-best_rule.{variants['scope']}": c["mean"] for m, c in variants["rows"].items()}
         mlflow.log_metrics(metrics)
         for f in files:
             mlflow.log_artifact(str(f))

@@ -327,6 +327,9 @@ def test_report_cli_logs_a_run_with_the_files(records: list[Record], smoke_bank:
     table2 = {r.data.tags["method"]: r for r in runs if r.data.tags["kind"] == "table2"}
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert set(table2) == set(report["table2"]["rows"])
+    variants = report["variants_vs_best_rule"]
+    assert variants["rows"] and all(run.data.metrics[f"diff.{m}-best_rule.{variants['scope']}"] ==
+                                    pytest.approx(c["mean"]) for m, c in variants["rows"].items())
     for method, cells in report["table2"]["rows"].items():
         assert table2[method].data.metrics == pytest.approx({c: 100 * v["mean"] for c, v in cells.items()})
         assert table2[method].data.tags["profile"] == "smoke"
