@@ -121,15 +121,18 @@ def compare(ref: Scores, other: Scores, cfg: BootstrapConfig) -> dict[str, Any]:
     return {**asdict(diff), "excludes_zero": diff.excludes_zero}
 
 
-def best_rule(rows: dict[str, Scores], method: str | None, cfg: BootstrapConfig) -> dict[str, Any] | None:
+def best_rule(rows: dict[str, Scores], method: str | None, cfg: BootstrapConfig,
+              known: dict[str, dict] | None = None) -> dict[str, Any] | None:
     """`method` − the hand-written rule it is measured against (`rule_names`) with the highest
-    mean success in this scope; None where the method or every such rule is absent."""
+    mean success in this scope; None where the method or every such rule is absent. `known`:
+    the scope's comparisons of `method` already made, reused rather than bootstrapped again."""
     rules = [m for m in rule_names(method) if m in rows and m != method]
     if method not in rows or not rules:
         return None
     best = max(rules, key=lambda m: rows[m].summary()["mean"])  # ties: the registry's order
+    diff = (known or {}).get(best) or compare(rows[method], rows[best], cfg)
     return {"rule": best, "rule_mean": rows[best].summary()["mean"],
-            "reference_mean": rows[method].summary()["mean"], **compare(rows[method], rows[best], cfg)}
+            "reference_mean": rows[method].summary()["mean"], **diff}
 
 
 def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
@@ -177,14 +180,15 @@ def build(records: list[Record], cfg: ReportConfig = ReportConfig(),
     main_comps = {col: comparisons(rows) for col, rows in main.items()}
     stress_comps = comparisons(stress)
     sweep_comps = {f"{p:g}": comparisons(rows) for p, rows in sweep.items()}
-    by_col = {col: best_rule(main[col], reference, cfg.bootstrap) for col in main}
-    by_load = {f"{p:g}": best_rule(sweep[p], reference, cfg.bootstrap) for p in loads}
+    by_col = {col: best_rule(main[col], reference, cfg.bootstrap, main_comps[col]) for col in main}
+    by_load = {f"{p:g}": best_rule(sweep[p], reference, cfg.bootstrap, sweep_comps[f"{p:g}"]) for p in loads}
     vs_best_rule = {"rules": [m for m in rule_names(reference) if m in methods and m != reference],
                     "table2": {col: c for col, c in by_col.items() if c},
                     "load_sweep": {p: c for p, c in by_load.items() if c},
-                    "stress": best_rule(stress, reference, cfg.bootstrap)}  # None where not evaluated
+                    "stress": best_rule(stress, reference, cfg.bootstrap, stress_comps)}  # None where not evaluated
     # Every learned variant against the rules it is measured against, on Table 2's widest scope.
-    variants = {m: best_rule(widest_rows, m, cfg.bootstrap) for m in methods if m not in SPECS}
+    variants = {m: by_col.get(widest) if m == reference else best_rule(widest_rows, m, cfg.bootstrap)
+                for m in methods if m not in SPECS}
 
     report = {
         "reference": reference,
