@@ -273,6 +273,8 @@ def test_selection_grid_names_every_dimension():
     assert "prior_curves" not in grid["s25-mixture-wide"] and grid["s25-mixture-wide-x6000"]["prior_curves"] == 6000
     assert grid["s25-mixture-wide-interval16"]["interval_window"] == 16
     assert grid["s25-mixture-wide-no-lr"]["lr_input"] is False and "lr_input" not in grid["s25-mixture-wide"]
+    longer = select_predictor.candidates(["small"], [25], ["mixture"], ("wide",), ("points24",))
+    assert longer["s25-mixture-wide-points24"] == {**grid["s25-mixture-wide"], "max_points": 24, "recent_points": 12}
 
 
 def test_selection_over_priors_and_wide_families_then_their_scheduler_consequence(smoke_bank, smoke_wide_bank,

@@ -31,11 +31,14 @@ bank's eight (`PredictorConfig.wide_families`; among near-ties ID only, the
 smaller training set, is preferred). Folds may hold out wide families; a
 candidate trained without them is scored on the same held-out curves, so
 every candidate of a fold answers the same question: forecasts for families
-it never saw. `--inputs level,interval,interval16,no-lr` adds the inputs
-(`PredictorConfig.interval_window`: the four level features, or a 5th of
-interval means over at least 1 or 16 batches; `PredictorConfig.lr_input`:
-no-lr leaves log lr out of the static inputs); among near-ties the fewer
-parameters win (so no-lr), then the four history features. `--prior-curves
+it never saw. `--inputs level,interval,interval16,no-lr,points24` adds the
+inputs (`PredictorConfig.interval_window`: the four level features, or a 5th
+of interval means over at least 1 or 16 batches; `PredictorConfig.lr_input`:
+no-lr leaves log lr out of the static inputs; points24: the GRU reads up to
+24 thinned points, the 12 latest among them, instead of 12 and 6,
+`PredictorConfig.max_points`, `recent_points`); among near-ties the fewer
+parameters win (so no-lr), then the four history features, then the fewer
+GRU steps (the cheaper forecast). `--prior-curves
 6000` tries another size of the synthetic prior
 (`PredictorConfig.prior_curves`; among near-ties the fewer curves, the
 shorter training, are preferred). `--members 1,3` adds deep ensembles: a
@@ -96,7 +99,8 @@ PRIOR_COST = {"off": 0, "pretrain": 1, "mixture": 2}
 DATA = {"id": False, "wide": True}  # --data value -> PredictorConfig.wide_families
 # --inputs value -> the PredictorConfig settings of that encoding
 INPUTS = {"level": {"interval_window": 0}, "interval": {"interval_window": 1}, "interval16": {"interval_window": 16},
-          "no-lr": {"interval_window": 0, "lr_input": False}}
+          "no-lr": {"interval_window": 0, "lr_input": False},
+          "points24": {"interval_window": 0, "max_points": 24, "recent_points": 12}}
 NETWORKS = {"large": {"gru_hidden": 64, "context_dim": 96, "width": 128},
             "default": {"gru_hidden": 32, "context_dim": 48, "width": 64},
             "small": {"gru_hidden": 16, "context_dim": 24, "width": 32},
@@ -168,7 +172,7 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
     best = min(r["mae"] for r in rows)
     return min((r for r in rows if r["mae"] <= best * (1 + TOLERANCE)),
                key=lambda r: (r["params"], r["epochs"], PRIOR_COST[r["prior"]], r["prior_curves"], r["wide"],
-                              r["window"]))
+                              r["window"], r["points"]))
 
 
 def last_checkpoint(folder: Path, cfg: PredictorConfig, stats: Stats) -> FMPredictor:
@@ -215,7 +219,8 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs", default="level",
                         help="inputs tried: level (the four history features, four static ones), interval or "
                              "interval16 (+ interval means over at least 1 or 16 batches), no-lr (the static "
-                             "inputs without log lr)")
+                             "inputs without log lr), points24 (the GRU reads up to 24 points, the 12 latest "
+                             "among them)")
     parser.add_argument("--prior-curves", default="",
                         help="synthetic prior sizes tried, comma-separated (default: the profile's)")
     parser.add_argument("--members", default="1",
@@ -318,6 +323,7 @@ def main(argv: list[str] | None = None) -> Path:
     rows = []
     for name, k in sel.trained_as:
         overrides, maes = sel.grid[name], np.zeros((sel.seeds, len(sel.folds)))
+        cfg = sel.profile.section(PredictorConfig, "predictor", **overrides)
         for r in range(sel.seeds):
             for j, fold in enumerate(sel.folds):
                 maes[r, j] = heldout_mae(fold_predictor(sel, args.work, name, fold, k, r), queries[fold])
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> Path:
                       f"held-out MAE {maes[r, j]:.2f}", flush=True)
         rows.append({"name": label(name, k), "epochs": overrides["max_epochs"], "prior": overrides["prior"],
                      "wide": overrides["wide_families"], "window": overrides["interval_window"],
-                     "prior_curves": sel.profile.section(PredictorConfig, "predictor", **overrides).prior_curves,
+                     "prior_curves": cfg.prior_curves, "points": cfg.max_points,
                      "mae": float(maes.mean()), "folds": maes.mean(axis=0), "seeds": maes.mean(axis=1),
                      "params": k * parameters(sel.profile, overrides)})
     choice = choose(rows)
