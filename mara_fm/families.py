@@ -49,11 +49,13 @@ class Family:
         lo, hi = np.log(self.lr_range[0]), np.log(self.lr_range[1])
         return batch_size, float(np.exp(rng.uniform(lo, hi)))
 
-    def job(self, seed: int, planned: int) -> TrainingJob:
+    def job(self, seed: int, planned: int, hyperparameters: tuple[int, float] | None = None) -> TrainingJob:
         """The run of `seed` as a job, before its first batch. The model's initial weights come
         from `torch.manual_seed(seed)` (the global generator is restored afterwards), the data
-        order from a generator of its own; `planned` batches set the schedules that need a length."""
-        batch_size, lr = self.hyperparameters(seed)
+        order from a generator of its own; `planned` batches set the schedules that need a length.
+        `hyperparameters` (batch size, lr) replace the ones `seed` draws: the same job, trained
+        again with other weights and data order."""
+        batch_size, lr = hyperparameters or self.hyperparameters(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return self.build(torch.Generator().manual_seed(seed), batch_size, lr, planned)
