@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mara_fm.build_bank import bank_spec, build_bank, profile_bank
+from mara_fm.build_bank import bank_spec, build_bank, ensure_history_bank, profile_bank
 from mara_fm.eval_predictor import EVAL_FILE, markdown_table, run_eval
 from mara_fm.train_predictor import train_predictor
 
@@ -33,7 +33,10 @@ def cmd_eval_predictor(args: argparse.Namespace) -> None:
     paths = args.profile.paths
     bank = profile_bank(args.profile, args.bank)
     out = Path(args.out) if args.out else paths.predictor_report
-    records = run_eval(args.predictor_path or paths.predictor, bank, out, tracking=not args.no_mlflow)
+    # The history runs are of the profile's families: scored on the profile's own bank only.
+    history = ensure_history_bank(args.profile) if args.bank is None else None
+    records = run_eval(args.predictor_path or paths.predictor, bank, out, tracking=not args.no_mlflow,
+                       history_bank=history)
     print(markdown_table(records))
     print(f"results: {out / EVAL_FILE}")
 
@@ -61,9 +64,12 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="override [predictor] seed")
     p.set_defaults(func=cmd_train_predictor, outputs=("out",))
 
-    p = subparsers.add_parser("eval-predictor", parents=[common], help="FM vs WLS on every test task set of a bank")
+    p = subparsers.add_parser("eval-predictor", parents=[common],
+                              help="FM vs WLS (and, on the profile's own bank, the history predictor) on every "
+                                   "test task set of a bank")
     p.add_argument("--predictor-path", help="exported predictor (default artifacts/predictor/<profile>/predictor)")
-    p.add_argument("--bank", help="any bank file (default data/banks/<profile>.parquet)")
+    p.add_argument("--bank", help="any bank file (default data/banks/<profile>.parquet; another bank is scored "
+                   "without the history predictor, whose runs are of the profile's families)")
     p.add_argument("--out", help="report folder (default reports/predictor/<profile>)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.set_defaults(func=cmd_eval_predictor, outputs=("out",))

@@ -29,6 +29,7 @@ estimate, is scored as M identical samples so that the two compare.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +45,7 @@ from mara_fm.predictors import (
     WARMUP_POINTS,
     FMPredictor,
     HistoryBatch,
+    HistoryPredictor,
     Predictor,
     WLSPredictor,
     first_crossing,
@@ -84,7 +86,7 @@ class Queries:
         h = self.hist
         width = int(h.lengths[rows].max())
         hist = HistoryBatch(h.avg[rows, :width], h.lengths[rows], h.batch_size[rows], h.lr[rows],
-                            h.future[rows])
+                            h.future[rows], None if h.kind is None else h.kind[rows])
         return Queries(hist, self.eps[rows], self.horizon[rows], self.budget[rows],
                        self.truth[rows], self.rank[rows], self.curve[rows], self.n_ranks)
 
@@ -126,7 +128,8 @@ def make_queries(curves: CurveSet, reference: dict[str, np.ndarray],
     if not rows:
         raise ValueError("no evaluation queries: every curve reaches its threshold during warm-up")
     rows_a, n_a = np.asarray(rows), np.asarray(lengths, dtype=np.int64)
-    hist = HistoryBatch.from_curves(avg[rows_a], n_a, curves.batch_size[rows_a], curves.lr[rows_a])
+    hist = dataclasses.replace(HistoryBatch.from_curves(avg[rows_a], n_a, curves.batch_size[rows_a],
+                                                        curves.lr[rows_a]), kind=curves.families[rows_a])
     eps_a = np.asarray(eps)
     horizon = (cap - n_a).astype(np.float64)
     truth = first_crossing(avg[rows_a], n_a, eps_a, horizon)
@@ -284,6 +287,11 @@ def evaluate(predictors: dict[str, Predictor], query_sets: dict[str, tuple[Curve
     return records
 
 
+def evaluated_predictors(path: Path) -> set[str]:
+    """The predictors an evaluation file (`EVAL_FILE`) scored."""
+    return {r["predictor"] for r in json.loads(Path(path).read_text())}
+
+
 def markdown_table(records: list[dict]) -> str:
     """The predictor table; records written before calibration was scored show "—" there."""
     lines = ["| task set | predictor | queries | capped MAE | vs WLS | budget acc. | ms/prefix (256) "
@@ -359,25 +367,33 @@ def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, p
 
 def run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: str | Path,
              query_cfg: QueryConfig = QueryConfig(), tracking: bool = True,
-             threads: int = 1) -> list[dict]:
+             threads: int = 1, history_bank: str | Path | None = None) -> list[dict]:
     """Evaluate FM and WLS on every test task set of a bank; write JSON, Markdown, PNGs.
+    With `history_bank`, the history predictor too (docs/design.md §5.5): told each task's
+    kind and reading that bank's runs, a predictor of a setting beyond the paper's.
 
     Runs (and times) with `threads` torch threads: the simulator calls the
     predictor on a handful of prefixes, where one thread is the fast setting.
     """
     with torch_threads(threads):
-        return _run_eval(predictor_path, bank_path, out_dir, query_cfg, tracking, threads)
+        return _run_eval(predictor_path, bank_path, out_dir, query_cfg, tracking, threads, history_bank)
 
 
 def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path | str,
-              query_cfg: QueryConfig, tracking: bool, threads: int) -> list[dict]:
+              query_cfg: QueryConfig, tracking: bool, threads: int,
+              history_bank: str | Path | None) -> list[dict]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fm, wls = FMPredictor.load(predictor_path), WLSPredictor()
+    predictors: dict[str, Predictor] = {"fm": fm, "wls": wls}
+    if history_bank is not None:
+        predictors["history"] = HistoryPredictor.load(history_bank)
     query_sets = bank_query_sets(load_bank(bank_path), query_cfg)
-    records = evaluate({"fm": fm, "wls": wls}, query_sets)
+    records = evaluate(predictors, query_sets)
     settings = {"bank": str(bank_path), "predictor_path": str(predictor_path),
                 "query_protocol": asdict(query_cfg), "torch_threads": threads}
+    if history_bank is not None:
+        settings["history_bank"] = str(history_bank)
     for r in records:
         if r["predictor"] == "fm":
             r.update(samples=fm.cfg.samples, euler_steps=fm.cfg.euler_steps)

@@ -29,7 +29,7 @@ from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_fm.build_bank import BankConfig, ensure_bank, ensure_history_bank
-from mara_fm.eval_predictor import run_eval
+from mara_fm.eval_predictor import evaluated_predictors, run_eval
 from mara_fm.fm_model import PredictorConfig
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import EvalConfig, evaluate, frozen_episodes
@@ -232,13 +232,16 @@ def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: boo
     # The predictor trains on the wide bank too when the profile says so (built on first use).
     banks = (paths.bank, paths.wide_bank) if profile.section(PredictorConfig, "predictor").wide_families \
         else (paths.bank,)
+    history = (paths.history_bank,) if profile.values("history_bank") else ()
     stages = [
         Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
         Stage("predictor", paths.predictor / "config.json",
               lambda: train_predictor(profile, paths.bank, paths.predictor_run), banks),
         Stage("predictor evaluation", paths.predictor_eval,
-              lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report),
-              (paths.bank, paths.predictor / "config.json")),
+              lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report,
+                               history_bank=ensure_history_bank(profile)),
+              (paths.bank, paths.predictor / "config.json", *history),
+              covers=lambda: not history or "history" in evaluated_predictors(paths.predictor_eval)),
     ]
     stages += [scheduler_stage(profile, v, seed) for v, seed in trained_variants(profile)]
     evaluations = evaluation_stages(profile, cfg, trained_policies(profile))

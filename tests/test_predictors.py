@@ -6,8 +6,9 @@ import pytest
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import load_curves
-from mara_fm.bank import load_bank, save_bank
+from mara_fm.bank import curve_set, load_bank, save_bank
 from mara_fm.build_bank import bank_spec, ensure_history_bank
+from mara_fm.eval_predictor import QueryConfig, bank_query_sets, evaluate
 from mara_fm.predictors import (
     HistoryBatch,
     HistoryPredictor,
@@ -114,6 +115,19 @@ def test_history_with_one_neighbour_that_is_the_task_itself_is_the_oracle(smoke_
     mine = HistoryPredictor(curves, neighbours=1, window=None).replay_remaining(curves, rows, lengths, eps, horizon)
     assert ((truth > 0) & (truth < horizon)).sum() > 10
     np.testing.assert_array_equal(mine, truth)
+
+
+def test_the_predictor_evaluation_tells_the_history_predictor_each_querys_kind(smoke_bank):
+    """Scored on its own runs with one neighbour, the history predictor is exact on every task
+    set: the queries (and their subsets, which time it) carry each task's kind."""
+    frame = load_bank(smoke_bank)
+    records = evaluate({"history": HistoryPredictor(curve_set(frame), neighbours=1), "wls": WLSPredictor()},
+                       bank_query_sets(frame, QueryConfig()))
+    history = [r for r in records if r["predictor"] == "history"]
+    assert sorted(r["task_set"] for r in history) == ["id", "rl_ood", "vit_ood"]
+    for r in history:
+        assert r["capped_mae"] == pytest.approx(0, abs=0.05) and r["budget_accuracy"] > 0.99
+        assert r["mae_reduction_vs_wls"] > 0.95 and r["ms_per_prefix"] > 0
 
 
 def test_history_band_and_what_it_refuses(smoke_bank):

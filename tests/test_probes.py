@@ -23,6 +23,7 @@ from mara_env.env import PENDING, EnvConfig, MultiNodeEnv
 from mara_env.registry import ALLOCATORS
 from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import make_queries, reference_curves
+from mara_fm.fm_data import split_curves
 from mara_fm.fm_model import FlowModel
 from mara_fm.predictors import FMPredictor
 from mara_rl.evaluate import pooled_episodes
@@ -89,6 +90,29 @@ def test_a_comma_flag_names_itself_and_the_item_it_cannot_read(smoke_bank, tmp_p
     with pytest.raises(ConfigError, match=rf"{flag}: {error}"):
         probe(name).main([*SMOKE, "--bank", str(smoke_bank), "--out", str(out), *work, flag, value])
     assert not out.exists()
+
+
+def test_twins_probe(smoke_bank, fm_dir, tmp_path):
+    twins_probe = probe("twins_probe")
+    frame = load_bank(smoke_bank)
+    row = frame[frame["split"] == "val"].iloc[0]
+    # Trained again from its own seed at its own settings, a job is the bank's curve, loss for loss.
+    np.testing.assert_array_equal(twins_probe.twin_losses(row.family, int(row.seed), int(row.batch_size),
+                                                          float(row.lr), len(row.losses)), row.losses)
+    # Twins that are the curve itself forecast the truth, shifted or not.
+    train, val = split_curves(frame)
+    q = make_queries(val, reference_curves(val, train))
+    for shifted in (False, True):
+        np.testing.assert_array_equal(twins_probe.twin_forecast(val.avg[:, None, :].repeat(2, 1), q, shifted),
+                                      q.truth)
+
+    path = run("twins_probe", smoke_bank, tmp_path, "--twins", "1", "--workers", "1", "--fm", str(fm_dir))
+    [rows] = tables(path)
+    assert [r[0] for r in rows] == ["wls", "fm", "history", "twins", "twins, shifted"]
+    wls = number(rows[0][1])
+    for r in rows:
+        assert number(r[1]) >= 0 and number(r[2].rstrip("%")) == pytest.approx(100 * (number(r[1]) / wls - 1),
+                                                                                abs=0.06)
 
 
 def test_calibrate_workload_scan(smoke_bank, fm_dir, tmp_path):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -63,8 +64,11 @@ def train_twins(curves: pd.DataFrame, twins: int, cap: int, workers: int) -> np.
     """(n curves, twins, cap) cumulative averages of every curve's twins, in `curves`' row order."""
     jobs = [(row.family, curve_seed(TWIN_ROOT + r, row.family, int(row.seed)), int(row.batch_size), float(row.lr),
              cap) for row in curves.itertuples() for r in range(twins)]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        losses = np.stack(pool.map(_twin, jobs, chunksize=4))
+    if workers == 1:
+        losses = np.stack([_twin(job) for job in jobs])
+    else:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            losses = np.stack(pool.map(_twin, jobs, chunksize=4))
     avg = np.cumsum(losses, axis=1) / np.arange(1, cap + 1)
     return avg.reshape(len(curves), twins, cap)
 
@@ -83,13 +87,13 @@ def twin_forecast(twins: np.ndarray, q: Queries, shifted: bool) -> np.ndarray:
     return np.median(crossings.reshape(b, r), axis=1)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> Path:
     parser = probe_parser(__doc__, fm=True)
     parser.add_argument("--twins", type=int, default=4, help="runs of each validation job trained again")
     parser.add_argument("--workers", type=int, default=2, help="processes training the twins")
     args = parser.parse_args(argv)
-    if args.twins < 1:
-        parser.error("--twins: at least 1")
+    if args.twins < 1 or args.workers < 1:
+        parser.error("--twins and --workers: at least 1")
 
     profile = Profile.load(args.profile)
     frame = load_bank(args.bank or profile.paths.bank)
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {name} | {s['capped_mae']:.2f} | {s['capped_mae'] / base - 1:+.1%} "
                      f"| {s['budget_accuracy']:.1%} |")
         print(lines[-1], flush=True)
-    save_table(lines, args.out, "twins_probe.md")
+    return save_table(lines, args.out, "twins_probe.md")
 
 
 if __name__ == "__main__":
