@@ -154,7 +154,7 @@ def crossing_samples(pred: Predictor, q: Queries, samples: int,
                      point: np.ndarray | None = None) -> np.ndarray:
     """(Q, M) each query's sampled remaining batches, ascending, in [0, horizon].
 
-    A predictor with `sorted_crossings` (FM) gives its M sampled crossings (a
+    A predictor with `sorted_crossings` (FM, history) gives its M sampled crossings (a
     path that never crosses sits at the horizon), computed `SAMPLE_CHUNK`
     queries at a time; every query is past warm-up and above ε, so the
     `remaining_batches` rules change nothing but the clip applied here. Any
@@ -264,8 +264,7 @@ def evaluate(predictors: dict[str, Predictor], query_sets: dict[str, tuple[Curve
     Calibration uses M = the sample count of the first sampling predictor
     (FM), `DEFAULT_SAMPLES` without one; point predictors repeat their estimate M times.
     """
-    m = next((p.cfg.samples for p in predictors.values() if hasattr(p, "sorted_crossings")),
-             DEFAULT_SAMPLES)
+    m = next((p.samples for p in predictors.values() if hasattr(p, "sorted_crossings")), DEFAULT_SAMPLES)
     records = []
     for task_set, (_, q) in query_sets.items():
         by_name = {}

@@ -376,7 +376,7 @@ def render(report: dict[str, Any], profile: str) -> str:
     if report["predictor"]:
         if any(r["predictor"] == "history" for r in report["predictor"]):
             out.append("`history`: told each task's job kind and reading earlier runs of it (docs/design.md "
-                       "§5.5), a setting beyond the paper's; scored as a point estimate.\n")
+                       "§5.5), a setting beyond the paper's; its samples are its nearest runs' crossings.\n")
         out.append(predictor_table(report["predictor"]))
     else:
         out.append("Not available: run `mara eval-predictor` first.\n")

@@ -128,6 +128,16 @@ def test_the_predictor_evaluation_tells_the_history_predictor_each_querys_kind(s
     for r in history:
         assert r["capped_mae"] == pytest.approx(0, abs=0.05) and r["budget_accuracy"] > 0.99
         assert r["mae_reduction_vs_wls"] > 0.95 and r["ms_per_prefix"] > 0
+        assert r["crps"] == pytest.approx(r["capped_mae"]) and len(r["reliability"]) == 1  # one neighbour
+    # Its samples are its nearest runs' crossings, whose median is its estimate.
+    _, q = bank_query_sets(frame, QueryConfig())["id"]
+    two = HistoryPredictor(curve_set(frame), neighbours=2)
+    samples = two.sorted_crossings(q.hist, q.eps, q.horizon)  # inf: a run that never gets there
+    assert samples.shape == (len(q), 2) and (samples[:, 0] <= samples[:, 1]).all()
+    assert (samples[:, 0] < samples[:, 1]).any() and np.isinf(samples).any()
+    np.testing.assert_allclose(np.minimum(np.median(samples, axis=1), q.horizon),
+                               two.remaining_batches(q.hist, q.eps, q.horizon))
+    assert HistoryPredictor(curve_set(frame), neighbours=50).samples == min(np.unique(frame["family"], return_counts=True)[1])
 
 
 def test_history_band_and_what_it_refuses(smoke_bank):

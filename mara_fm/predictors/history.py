@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from mara_fm.bank import CurveSet, curve_set, load_bank
 from mara_fm.predictors.base import HistoryBatch, Predictor
 from mara_fm.predictors.oracle import first_crossing
+
+T = TypeVar("T")
 
 # Chosen on ID validation episodes (experiments/probes/history_probe.py; docs/decisions.md, "Predictor").
 NEIGHBOURS = 10
@@ -75,16 +79,38 @@ class HistoryPredictor(Predictor):
                       quantile: float) -> np.ndarray:
         return self._bands(hist, eps, quantile)
 
+    @property
+    def samples(self) -> int:
+        """M of `sorted_crossings`: the neighbours, fewer if some kind has fewer runs in the pool."""
+        return min(self.neighbours, *(len(runs) for runs in self.runs.values()))
+
+    def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        """(B, M) the remaining batches of each task's M nearest runs, ascending (inf: never):
+        the spread the estimate comes from, scored like FM's samples (eval_predictor.py)."""
+        return np.stack(self._per_task(hist, eps, lambda *task: self._crossings(*task, self.samples)))
+
     def _bands(self, hist: HistoryBatch, eps: np.ndarray, quantile: float | None) -> np.ndarray:
         """(B, 2): the median of the neighbours' remaining batches and their `quantile` (the
         median again without one)."""
+        return np.array(self._per_task(hist, eps, lambda *task: self._band(*task, quantile)))
+
+    def _per_task(self, hist: HistoryBatch, eps: np.ndarray, answer: Callable[[str, np.ndarray, float], T]
+                  ) -> list[T]:
+        """`answer(kind, log prefix, ε)` of each task."""
         if hist.kind is None:
             raise ValueError("the history predictor needs each task's job kind (HistoryBatch.kind)")
         logs = hist.log_prefix()
-        return np.array([self._band(str(kind), logs[b, :n], float(e), quantile)
-                         for b, (kind, n, e) in enumerate(zip(hist.kind, hist.lengths, eps, strict=True))])
+        return [answer(str(kind), logs[b, :n], float(e))
+                for b, (kind, n, e) in enumerate(zip(hist.kind, hist.lengths, eps, strict=True))]
 
     def _band(self, kind: str, mine: np.ndarray, eps: float, quantile: float | None) -> tuple[float, float]:
+        crossing = self._crossings(kind, mine, eps, self.neighbours)
+        median = float(np.median(crossing))
+        return median, median if quantile is None else float(crossing[round(quantile * (len(crossing) - 1))])
+
+    def _crossings(self, kind: str, mine: np.ndarray, eps: float, count: int) -> np.ndarray:
+        """The remaining batches to ε of the `count` runs of `kind` nearest to the task, each moved
+        to its current level, ascending."""
         theirs = self.runs.get(kind)
         if theirs is None:
             raise ValueError(f"no finished run of job kind {kind!r} in the history pool "
@@ -95,9 +121,7 @@ class HistoryPredictor(Predictor):
         start = 0 if self.window is None else max(0, n - self.window)
         shift = mine[-1] - theirs[:, n - 1]  # each run moved to the task's current level
         distance = np.mean((theirs[:, start:n] + shift[:, None] - mine[start:]) ** 2, axis=1)
-        near = np.argsort(distance, kind="stable")[: self.neighbours]
+        near = np.argsort(distance, kind="stable")[:count]
         shifted = np.exp(theirs[near] + shift[near, None])
         k = len(near)
-        crossing = np.sort(first_crossing(shifted, np.full(k, n), np.full(k, eps), np.full(k, np.inf)))
-        median = float(np.median(crossing))
-        return median, median if quantile is None else float(crossing[round(quantile * (k - 1))])
+        return np.sort(first_crossing(shifted, np.full(k, n), np.full(k, eps), np.full(k, np.inf)))
