@@ -205,6 +205,18 @@ def timeline_stage(profile: Profile, cfg: PipelineConfig, policies: dict[tuple[s
     return Stage("timeline", out, run, (paths.bank, paths.predictor / "config.json", *policies.values()))
 
 
+def predictor_eval_stage(profile: Profile) -> Stage:
+    """FM and WLS on the test curves, and the history predictor where the profile has a
+    `[history_bank]`: an evaluation made before it scored that predictor is made again."""
+    paths = profile.paths
+    history = (paths.history_bank,) if profile.values("history_bank") else ()
+    return Stage("predictor evaluation", paths.predictor_eval,
+                 lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report,
+                                  history_bank=ensure_history_bank(profile)),
+                 (paths.bank, paths.predictor / "config.json", *history),
+                 covers=lambda: not history or "history" in evaluated_predictors(paths.predictor_eval))
+
+
 def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | None = None,
                 predictor_eval: Path | None = None, cfg: ReportConfig | None = None,
                 log_mlflow: bool = True, publish: bool = True) -> Path:
@@ -232,16 +244,11 @@ def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: boo
     # The predictor trains on the wide bank too when the profile says so (built on first use).
     banks = (paths.bank, paths.wide_bank) if profile.section(PredictorConfig, "predictor").wide_families \
         else (paths.bank,)
-    history = (paths.history_bank,) if profile.values("history_bank") else ()
     stages = [
         Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
         Stage("predictor", paths.predictor / "config.json",
               lambda: train_predictor(profile, paths.bank, paths.predictor_run), banks),
-        Stage("predictor evaluation", paths.predictor_eval,
-              lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report,
-                               history_bank=ensure_history_bank(profile)),
-              (paths.bank, paths.predictor / "config.json", *history),
-              covers=lambda: not history or "history" in evaluated_predictors(paths.predictor_eval)),
+        predictor_eval_stage(profile),
     ]
     stages += [scheduler_stage(profile, v, seed) for v, seed in trained_variants(profile)]
     evaluations = evaluation_stages(profile, cfg, trained_policies(profile))

@@ -35,6 +35,7 @@ from mara_rl.pipeline import (
     Stage,
     evaluate_all,
     evaluation_stages,
+    predictor_eval_stage,
     run_stages,
     scheduler_stage,
     variant_config,
@@ -364,6 +365,25 @@ def test_stages_with_current_outputs_are_skipped(tmp_path: Path) -> None:
                 Stage("outdated", outdated, lambda: ran.append("outdated"), (source,)),
                 Stage("new", tmp_path / "new.json", lambda: ran.append("new"))], progress=False)
     assert ran == ["outdated", "new"]
+
+
+def test_a_predictor_evaluation_without_the_history_predictor_is_made_again(tmp_path: Path) -> None:
+    """A profile with a [history_bank] scores the history predictor too: its earlier
+    evaluation, which did not, is not reused; a profile without one has nothing to add."""
+    path = tmp_path / f"history_eval_{os.getpid()}.toml"  # its evaluation goes to reports/predictor/<stem>/
+    path.write_text((PROFILE_DIR / "smoke.toml").read_text())
+    profile = Profile.load(path)
+    stage, out = predictor_eval_stage(profile), profile.paths.predictor_eval
+    assert profile.paths.history_bank in stage.inputs
+    out.parent.mkdir(parents=True)
+    try:
+        out.write_text(json.dumps([{"predictor": "fm"}, {"predictor": "wls"}]))
+        assert not stage.covers() and not stage.done()
+        out.write_text(json.dumps([{"predictor": "fm"}, {"predictor": "wls"}, {"predictor": "history"}]))
+        assert stage.covers()
+    finally:
+        shutil.rmtree(out.parent)
+    assert predictor_eval_stage(Profile.load("paper")).covers()
 
 
 def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: Path, smoke_bank: Path) -> None:

@@ -30,7 +30,6 @@ Writes experiments/probes/results/twins_probe.md, or into --out.
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing as mp
 from pathlib import Path
 
@@ -105,9 +104,8 @@ def main(argv: list[str] | None = None) -> Path:
     forecasts = {"wls": WLSPredictor().remaining_batches(q.hist, q.eps, q.horizon),
                  "fm": fm.remaining_batches(q.hist, q.eps, q.horizon)}
     history_bank = ensure_history_bank(profile)
-    if history_bank is not None:  # a profile without [history_bank] has no history row
-        told = dataclasses.replace(q.hist, future=None, kind=val.families[q.curve])
-        forecasts["history"] = HistoryPredictor.load(history_bank).remaining_batches(told, q.eps, q.horizon)
+    if history_bank is not None:  # a profile without [history_bank] has no history row; queries carry kinds
+        forecasts["history"] = HistoryPredictor.load(history_bank).remaining_batches(q.hist, q.eps, q.horizon)
     forecasts["twins"] = twin_forecast(twins, q, shifted=False)
     forecasts["twins, shifted"] = twin_forecast(twins, q, shifted=True)
     base = score(forecasts["wls"], q)["capped_mae"]
