@@ -108,7 +108,7 @@ def test_twins_probe(smoke_bank, fm_dir, tmp_path):
 
     path = run("twins_probe", smoke_bank, tmp_path, "--twins", "1", "--workers", "1", "--fm", str(fm_dir))
     [rows] = tables(path)
-    assert [r[0] for r in rows] == ["wls", "fm", "history", "twins", "twins, shifted"]
+    assert [r[0] for r in rows] == ["wls", "fm", "history", "history, kinds withheld", "twins", "twins, shifted"]
     wls = number(rows[0][1])
     for r in rows:
         assert number(r[1]) >= 0 and number(r[2].rstrip("%")) == pytest.approx(100 * (number(r[1]) / wls - 1),

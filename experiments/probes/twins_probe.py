@@ -15,7 +15,9 @@ curve is read. Forecasts scored, capped MAE and budget-success accuracy:
 - `wls`, `fm` (the profile's exported FM, its own sampling);
 - `history` (when the profile has a `[history_bank]`): the history
   predictor (docs/design.md §5.5) told each task's family, reading other runs
-  of the same kind, at other batch sizes and learning rates;
+  of the same kind, at other batch sizes and learning rates; `history, kinds
+  withheld`: the same predictor over the same runs, every run and task of one
+  kind, so the nearest runs are found by the prefix alone;
 - `twins`: the median of the twins' crossings of ε after n, as the twins are;
 - `twins, shifted`: each twin first moved in log space so that its point n
   equals the query's current cumulative average (as `HistoryPredictor` moves
@@ -30,6 +32,7 @@ Writes experiments/probes/results/twins_probe.md, or into --out.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 from pathlib import Path
 
@@ -44,8 +47,10 @@ from mara_fm.build_bank import EVERY_FAMILY, curve_seed, ensure_history_bank
 from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
 from mara_fm.fm_data import split_curves
 from mara_fm.predictors import FMPredictor, HistoryPredictor, WLSPredictor, first_crossing
+from mara_fm.predictors.history import history_pool
 
 TWIN_ROOT = 7_000_000  # root of the twins' training seeds; no bank's `[bank] seed` is this
+ANY = "any job"  # the one kind of the history rows told no kinds
 
 
 def twin_losses(family: str, seed: int, batch_size: int, lr: float, cap: int) -> np.ndarray:
@@ -104,8 +109,12 @@ def main(argv: list[str] | None = None) -> Path:
     forecasts = {"wls": WLSPredictor().remaining_batches(q.hist, q.eps, q.horizon),
                  "fm": fm.remaining_batches(q.hist, q.eps, q.horizon)}
     history_bank = ensure_history_bank(profile)
-    if history_bank is not None:  # a profile without [history_bank] has no history row; queries carry kinds
-        forecasts["history"] = HistoryPredictor.load(history_bank).remaining_batches(q.hist, q.eps, q.horizon)
+    if history_bank is not None:  # a profile without [history_bank] has no history rows; queries carry kinds
+        pool = history_pool(history_bank)
+        forecasts["history"] = HistoryPredictor(pool).remaining_batches(q.hist, q.eps, q.horizon)
+        forecasts["history, kinds withheld"] = HistoryPredictor(dataclasses.replace(
+            pool, families=np.full(len(pool), ANY))).remaining_batches(
+            dataclasses.replace(q.hist, kind=np.full(len(q), ANY)), q.eps, q.horizon)
     forecasts["twins"] = twin_forecast(twins, q, shifted=False)
     forecasts["twins, shifted"] = twin_forecast(twins, q, shifted=True)
     base = score(forecasts["wls"], q)["capped_mae"]
