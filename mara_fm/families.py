@@ -60,13 +60,14 @@ class Family:
             torch.manual_seed(seed)
             return self.build(torch.Generator().manual_seed(seed), batch_size, lr, planned)
 
-    def run(self, seed: int, cap: int) -> dict:
-        """One real training run of `cap` batches without a pause; returns a bank row (minus ids)."""
-        job = self.job(seed, cap)
+    def run(self, seed: int, cap: int, hyperparameters: tuple[int, float] | None = None) -> dict:
+        """One real training run of `cap` batches without a pause; returns a bank row (minus ids).
+        `hyperparameters` as in `job`."""
+        batch_size, lr = hyperparameters or self.hyperparameters(seed)
+        job = self.job(seed, cap, (batch_size, lr))
         losses = np.array([job.step() for _ in range(cap)])
         if not np.all(np.isfinite(losses)):
             raise RuntimeError(f"family {self.name}: seed {seed} produced a non-finite loss")
-        batch_size, lr = self.hyperparameters(seed)
         return {
             "family": self.name,
             "task_set": self.task_set,

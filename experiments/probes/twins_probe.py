@@ -55,8 +55,7 @@ ANY = "any job"  # the one kind of the history rows told no kinds
 
 def twin_losses(family: str, seed: int, batch_size: int, lr: float, cap: int) -> np.ndarray:
     """Per-batch losses of `family` at (batch_size, lr) trained for `cap` batches from `seed`."""
-    job = EVERY_FAMILY[family].job(seed, cap, (batch_size, lr))
-    return np.maximum([job.step() for _ in range(cap)], 1e-12)
+    return EVERY_FAMILY[family].run(seed, cap, (batch_size, lr))["losses"]
 
 
 def _twin(args: tuple[str, int, int, float, int]) -> np.ndarray:
