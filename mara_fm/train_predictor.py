@@ -33,7 +33,7 @@ from mara_fm.eval_predictor import Queries, score
 from mara_fm.fm_data import FMDataModule
 from mara_fm.fm_lightning import FMLightning
 from mara_fm.fm_model import PredictorConfig
-from mara_fm.predictors import FMPredictor
+from mara_fm.predictors import FMPredictor, save_memory
 
 EXPERIMENT = "mara-predictor"
 INPUTS_FILE = "inputs.json"  # what the checkpoints were trained on; a resume must match it
@@ -185,6 +185,7 @@ def _train(profile: Profile, bank_path: str | Path | None, out_dir: str | Path |
         predictor = FMPredictor(module.model.cpu().eval(), cfg, data.stats)
         sweep = tune_sampling(predictor, data.val_queries, cfg)
         path = predictor.export(out_dir / "predictor")
+        save_memory(data.train, path)  # the recall predictor's memory (docs/design.md §5.6)
         mlflow.set_tags({"samples": predictor.cfg.samples, "euler_steps": predictor.cfg.euler_steps,
                          "best_checkpoint": best.name})
         chosen = next(r for r in sweep if r["chosen"])

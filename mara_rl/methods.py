@@ -29,7 +29,7 @@ from mara_rl.policy import act, load_policy, policy_env
 
 KINDS = ("rule", "history", "reference", "bound")
 VIEWS = ("none", "quantile", "profile")
-PREDICTORS = ("wls", "oracle", "fm", "history")
+PREDICTORS = ("wls", "oracle", "fm", "recall", "history")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class MethodSpec:
 
     name: str
     allocator: str | None  # a key of ALLOCATORS; None for the Oracle bound (not simulated)
-    predictor: str  # wls | oracle | fm (the profile's exported FM predictor) | history (its history bank)
+    # wls | oracle | fm (the profile's exported FM predictor) | recall (FM with its training runs as
+    # a memory, docs/design.md §5.6) | history (the profile's history bank)
+    predictor: str
     # The env's view options it runs with: "none" (the base observation), "quantile" (the
     # optimistic estimate alone), "profile" (all of the profile's, as MARA's teacher does).
     view: str = "none"
@@ -56,7 +58,7 @@ class MethodSpec:
 
     def needs(self) -> list[str]:
         """What the profile or the command must provide for this method to run."""
-        return (["an FM predictor"] if self.predictor == "fm" else []) + \
+        return (["an FM predictor"] if self.predictor in ("fm", "recall") else []) + \
             (["a history bank ([history_bank])"] if self.predictor == "history" else []) + \
             (["[env] optimistic_quantile"] if self.view != "none" else [])
 
@@ -73,6 +75,9 @@ BUILTIN: tuple[MethodSpec, ...] = (
     MethodSpec("lara_fm_optimistic_held", "lara_optimistic", "fm", view="profile", hold=20,
                help="MARA's teacher deciding only at events (each decision held up to 20 steps)"),
     MethodSpec("llf_fm_held", "llf", "fm", view="profile", hold=20, help="llf_fm deciding only at events"),
+    MethodSpec("lara_recall_optimistic", "lara_optimistic", "recall", view="profile",
+               help="MARA's teacher on the recall predictor's forecasts"),
+    MethodSpec("llf_recall", "llf", "recall", view="profile", help="llf on the recall predictor's forecasts"),
     MethodSpec("las", "las", "wls", help="Tiresias-style least attained service, no forecasts"),
     MethodSpec("optimus", "optimus", "wls", help="Optimus-style online loss fit, shortest remaining first"),
     MethodSpec("admission_fm", "admission", "fm",
@@ -183,7 +188,7 @@ def builtin_methods(fm_path: str | Path | None, view: dict[str, Any],
     quantile = view.get("optimistic_quantile")
     views = {"none": {}, "quantile": {"optimistic_quantile": quantile}, "profile": dict(view)}
     methods = {}
-    paths = {"fm": fm_path, "history": history_path}
+    paths = {"fm": fm_path, "recall": fm_path, "history": history_path}
     for spec in BUILTIN:
         if (spec.predictor in paths and not paths[spec.predictor]) or (spec.view != "none" and quantile is None):
             continue

@@ -57,7 +57,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
             *(["--fresh"] if args.fresh else [])]
     # The settings given, with the predictor's path in its normal form (the job runs elsewhere).
     given = {k: v for k, v in overrides(args, SchedulerConfig).items() if k != "fm_path"}
-    argv += to_argv({**given, **({"fm_path": cfg.fm_path} if cfg.predictor == "fm" else {})})
+    argv += to_argv({**given, **({"fm_path": cfg.fm_path} if cfg.predictor in ("fm", "recall") else {})})
     job_id, status = submit_command("train-scheduler", argv, address=address, wait=args.wait, timeout_s=args.timeout,
                                      mlflow_uri=args.mlflow_uri)
     print(f"job {job_id}: {status}")

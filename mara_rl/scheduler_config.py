@@ -22,7 +22,7 @@ from mara_fm.build_bank import ensure_history_bank
 from mara_rl.imitation import TEACHERS
 from mara_rl.mat_module import MATConfig
 
-PREDICTORS = ("fm", "wls", "oracle", "history")
+PREDICTORS = ("fm", "recall", "wls", "oracle", "history")
 CRITICS = ("shared", "privileged")
 
 
@@ -32,7 +32,7 @@ class SchedulerConfig:
 
     # What the env runs.
     predictor: str = setting("wls", choices=PREDICTORS, label="", help="predictor inside the env")
-    fm_path: str = setting("", help="exported FM predictor (default: the profile's, for --predictor fm)")
+    fm_path: str = setting("", help="exported FM predictor (default: the profile's, for --predictor fm or recall)")
     history_path: str = setting("", help="history bank (default: the profile's, for --predictor history)")
     beta: float = setting(0.1, ge=0.0, label="beta", help="shaping weight β (0 = sparse reward)")
     seed: int = setting(0, ge=0, label="seed", help="training seed")
@@ -98,7 +98,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         check_config(self)
         # One normal form for the predictor's path, whoever gives it; none for a predictor without one.
-        self.fm_path = normal_path(self.fm_path) if self.predictor == "fm" and self.fm_path else ""
+        self.fm_path = normal_path(self.fm_path) if self.predictor in ("fm", "recall") and self.fm_path else ""
         self.history_path = normal_path(self.history_path) if self.predictor == "history" and self.history_path else ""
         # DAgger continues the imitation warm start: without one there is nothing to continue
         # (so IMITATION=0 needs no DAGGER=0 beside it).
@@ -112,10 +112,11 @@ class SchedulerConfig:
                               f"{self.train_batch_size}")
 
     def predictor_spec(self) -> str:
-        if self.predictor == "fm":
+        if self.predictor in ("fm", "recall"):
             if not self.fm_path:
-                raise ConfigError("predictor 'fm' needs fm_path (--fm-path) to an exported FM predictor")
-            return f"fm:{self.fm_path}"
+                raise ConfigError(f"predictor {self.predictor!r} needs fm_path (--fm-path) to an exported "
+                                  "FM predictor")
+            return f"{self.predictor}:{self.fm_path}"
         if self.predictor == "history":
             if not self.history_path:
                 raise ConfigError("predictor 'history' needs history_path (--history-path) to a history bank")
@@ -124,11 +125,11 @@ class SchedulerConfig:
 
 
 def scheduler_config(profile: Profile, **overrides: Any) -> SchedulerConfig:
-    """The profile's `[scheduler]` with `overrides` (None = keep); an FM run without a path
-    reads the profile's exported predictor, a history run the profile's history bank (built
+    """The profile's `[scheduler]` with `overrides` (None = keep); an FM or recall run without a
+    path reads the profile's exported predictor, a history run the profile's history bank (built
     first if missing)."""
     cfg = profile.section(SchedulerConfig, "scheduler", **overrides)
-    if cfg.predictor == "fm" and not cfg.fm_path:
+    if cfg.predictor in ("fm", "recall") and not cfg.fm_path:
         cfg = dataclasses.replace(cfg, fm_path=str(profile.paths.predictor))
     if cfg.predictor == "history" and not cfg.history_path:
         bank = ensure_history_bank(profile)

@@ -12,10 +12,12 @@ import torch
 
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
+from mara_fm.bank import load_bank, select
 from mara_fm.commands import register
 from mara_fm.fm_model import PredictorConfig
 from mara_fm.predictors.base import HistoryBatch
 from mara_fm.predictors.fm import FMPredictor
+from mara_fm.predictors.recall import load_memory
 from mara_fm.train_predictor import EXPERIMENT, INPUTS_FILE, check_inputs, train_predictor
 
 
@@ -28,7 +30,7 @@ def trained(smoke_bank, tmp_path_factory):
         yield result, root, mp
 
 
-def test_smoke_training_learns(trained):
+def test_smoke_training_learns(trained, smoke_bank):
     result, _, _ = trained
     first, last = result.history[0], result.history[-1]
     assert last["val/loss"] < first["val/loss"]
@@ -38,6 +40,9 @@ def test_smoke_training_learns(trained):
     assert chosen["capped_mae"] < result.constant_val["capped_mae"]
     fm = FMPredictor.load(result.predictor_path)
     assert (fm.cfg.samples, fm.cfg.euler_steps) == (chosen["samples"], chosen["euler_steps"])
+    # Beside the weights, the real curves it trained on: the recall predictor's memory.
+    memory = load_memory(result.predictor_path)
+    assert sorted(memory.ids) == sorted(select(load_bank(smoke_bank), "id", "train").ids)
 
 
 def test_mlflow_run_holds_params_metrics_and_predictor(trained):

@@ -90,7 +90,7 @@ class Predictor(ABC):
         else:
             raw = horizon.copy() if optimistic is None else np.stack([horizon, horizon], axis=1)
             if ready.any():
-                raw[ready] = predict(_take(hist, ready), eps[ready], horizon[ready])
+                raw[ready] = predict(take(hist, ready), eps[ready], horizon[ready])
         return self._settle(raw, current, hist.lengths, eps, horizon)
 
     def replay_remaining(self, source: CurveSet, rows: np.ndarray, lengths: np.ndarray,
@@ -139,7 +139,8 @@ def _per_task(value: np.ndarray | float, n: int) -> np.ndarray:
     return np.full(n, value) if value.ndim == 0 else value
 
 
-def _take(hist: HistoryBatch, mask: np.ndarray) -> HistoryBatch:
+def take(hist: HistoryBatch, mask: np.ndarray) -> HistoryBatch:
+    """The tasks of `hist` where `mask` holds."""
     return HistoryBatch(
         hist.avg[mask], hist.lengths[mask], hist.batch_size[mask], hist.lr[mask],
         None if hist.future is None else hist.future[mask],

@@ -111,6 +111,16 @@ class HistoryPredictor(Predictor):
     def _crossings(self, kind: str, mine: np.ndarray, eps: float, count: int) -> np.ndarray:
         """The remaining batches to ε of the `count` runs of `kind` nearest to the task, each moved
         to its current level, ascending."""
+        near, shift, _ = self.nearest(kind, mine, count)
+        shifted = np.exp(self.runs[kind][near] + shift[:, None])
+        k, n = len(near), len(mine)
+        return np.sort(first_crossing(shifted, np.full(k, n), np.full(k, eps), np.full(k, np.inf)))
+
+    def nearest(self, kind: str, mine: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The `count` runs of `kind` whose log curve over the task's observed points (the last
+        `window` of them), moved to the task's current level, lies closest to the task's log
+        prefix `mine`: their rows in `runs[kind]`, nearest first, the log shift that moved each
+        and its mean squared log distance."""
         theirs = self.runs.get(kind)
         if theirs is None:
             raise ValueError(f"no finished run of job kind {kind!r} in the history pool "
@@ -122,6 +132,4 @@ class HistoryPredictor(Predictor):
         shift = mine[-1] - theirs[:, n - 1]  # each run moved to the task's current level
         distance = np.mean((theirs[:, start:n] + shift[:, None] - mine[start:]) ** 2, axis=1)
         near = np.argsort(distance, kind="stable")[:count]
-        shifted = np.exp(theirs[near] + shift[near, None])
-        k = len(near)
-        return np.sort(first_crossing(shifted, np.full(k, n), np.full(k, eps), np.full(k, np.inf)))
+        return near, shift[near], distance[near]

@@ -1,0 +1,198 @@
+"""Recall: FM's own training runs kept as a memory, read by the job kind the prefix reveals
+(docs/design.md §5.6).
+
+FM compresses its training curves into a small network that does not tell one
+job kind from another (docs/experiments.md, "What a forecast could know").
+The prefix, batch size and learning rate do tell them apart: a classifier
+names the kind of an ID validation prefix correctly 95% of the time. This
+predictor uses that: it names the task's kind among the memory's, finds the
+memory runs of that kind nearest the prefix (as the history predictor does,
+`HistoryPredictor.nearest`) and answers from their crossings of ε. Where the
+nearest runs had to be moved far to meet the task's level, or still lie far
+from its prefix, the task is taken for a kind the memory does not hold and FM
+answers instead. It reads nothing FM does not: the observed prefix, batch
+size and learning rate, and the curves FM was trained on; the paper's setting.
+
+The memory is `memory.npz` in the exported FM folder, the real training curves
+(ID, and the wide families' where FM trains on them) that `train-predictor`
+writes beside the weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from sklearn.ensemble import HistGradientBoostingClassifier
+
+from mara_fm.bank import CurveSet
+from mara_fm.predictors.base import WARMUP_POINTS, HistoryBatch, take
+from mara_fm.predictors.fm import ArtifactError, FMPredictor, SampledPredictor
+from mara_fm.predictors.history import HistoryPredictor
+from mara_fm.predictors.oracle import first_crossing
+
+MEMORY_FILE = "memory.npz"
+_FIELDS = ("ids", "families", "batch_size", "lr", "losses")
+_SPOTS = np.array([0.1, 0.25, 0.5, 0.75, 0.9])  # where along a prefix the features read its level
+
+
+@dataclass(frozen=True)
+class RecallConfig:
+    """Chosen by family-held-out validation (experiments/probes/recall_probe.py;
+    docs/decisions.md, "Recall")."""
+
+    # A task is answered from memory when its nearest runs had to be moved by at most
+    # `max_shift` in log loss (their median) to meet its level, and then lie within
+    # `max_distance` (their mean squared log distance over the prefix); FM answers otherwise.
+    max_shift: float = 0.1
+    max_distance: float = 0.003
+    prefixes_per_run: int = 8  # random cuts of each memory run the kind classifier trains on
+    classifier_iterations: int = 300
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_shift < 0 or self.max_distance < 0:
+            raise ValueError(f"recall: max_shift and max_distance must be ≥ 0, got {self.max_shift}, "
+                             f"{self.max_distance}")
+        if self.prefixes_per_run < 1 or self.classifier_iterations < 1:
+            raise ValueError("recall: prefixes_per_run and classifier_iterations must be ≥ 1")
+
+
+def save_memory(curves: CurveSet, fm_dir: str | Path) -> Path:
+    """Write the curves FM trained on into its exported folder."""
+    path = Path(fm_dir) / MEMORY_FILE
+    np.savez_compressed(path, **{f: getattr(curves, f) for f in _FIELDS})
+    return path
+
+
+def load_memory(fm_dir: str | Path) -> CurveSet:
+    path = Path(fm_dir) / MEMORY_FILE
+    if not path.is_file():
+        raise ArtifactError(f"{path}: recall memory not found (`mara train-predictor` writes it "
+                            "beside FM's weights)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            curves = CurveSet(*(data[f] for f in _FIELDS))
+    except Exception as exc:
+        raise ArtifactError(f"{path}: not a readable recall memory ({exc})") from exc
+    if not np.isfinite(curves.losses).all() or (curves.losses <= 0).any():
+        raise ArtifactError(f"{path}: recall memory holds non-finite or non-positive losses")
+    return curves
+
+
+def prefix_features(hist: HistoryBatch) -> np.ndarray:
+    """(B, 17) what the kind classifier reads: log batch size, log learning rate, log length,
+    the log loss first, now, their difference and the recent slope, and the log loss at five
+    spots along the prefix, as it is and relative to now."""
+    logs = np.log(np.where(np.isnan(hist.avg), 1.0, hist.avg))
+    n = hist.lengths
+    rows = np.arange(len(n))
+    first, now = logs[:, 0], logs[rows, n - 1]
+    back = np.minimum(5, n)
+    slope = (now - logs[rows, n - back]) / back
+    spots = logs[rows[:, None], (_SPOTS[None, :] * (n[:, None] - 1)).astype(np.int64)]
+    return np.column_stack([np.log(hist.batch_size), np.log(hist.lr), np.log(n), first, now, now - first,
+                            slope, spots, spots - now[:, None]])
+
+
+class KindReader:
+    """Names the memory's job kind that a prefix most likely belongs to: a gradient-boosted
+    classifier fitted to random cuts of every memory run (seeded, so refitting gives the same
+    classifier)."""
+
+    def __init__(self, memory: CurveSet, cfg: RecallConfig) -> None:
+        rng = np.random.default_rng(cfg.seed)
+        rows = np.repeat(np.arange(len(memory)), cfg.prefixes_per_run)
+        lengths = rng.integers(WARMUP_POINTS, memory.cap + 1, len(rows))
+        cuts = HistoryBatch.from_curves(memory.avg[rows], lengths, memory.batch_size[rows], memory.lr[rows])
+        self.classifier = HistGradientBoostingClassifier(
+            max_iter=cfg.classifier_iterations, early_stopping=False, random_state=cfg.seed)
+        self.classifier.fit(prefix_features(cuts), memory.families[rows])
+
+    def __call__(self, hist: HistoryBatch) -> np.ndarray:
+        return self.classifier.predict(prefix_features(hist))
+
+
+@dataclass(frozen=True)
+class Match:
+    """What the memory holds for each of B tasks."""
+
+    kinds: np.ndarray  # (B,) the recognised kind
+    shift: np.ndarray  # (B,) median |log shift| that moved the M nearest runs to the task's level
+    distance: np.ndarray  # (B,) their mean squared log distance from the prefix, once moved
+    curves: np.ndarray  # (B, M, cap) those runs' cumulative averages, moved
+
+
+class RecallPredictor(SampledPredictor):
+    """M crossings per task from the M memory runs of its recognised kind nearest its prefix;
+    FM's M sampled crossings for a task the memory does not recognise."""
+
+    name = "recall"
+
+    def __init__(self, memory: CurveSet, fallback: SampledPredictor, cfg: RecallConfig = RecallConfig(),
+                 reader: KindReader | None = None) -> None:
+        counts = {kind: int(np.sum(memory.families == kind)) for kind in memory.family_names()}
+        short = {k: c for k, c in counts.items() if c < fallback.samples}
+        if short:
+            raise ValueError(f"recall: every kind needs at least M = {fallback.samples} memory runs; "
+                             f"too few of {short}")
+        self.cfg, self.fallback = cfg, fallback
+        self.runs = HistoryPredictor(memory, neighbours=fallback.samples)
+        self.reader = reader or KindReader(memory, cfg)
+
+    @property
+    def samples(self) -> int:
+        return self.fallback.samples
+
+    def resampled(self, sampler_seed: int) -> RecallPredictor:
+        return RecallPredictor(self.runs.pool, self.fallback.resampled(sampler_seed), self.cfg, self.reader)
+
+    def match(self, hist: HistoryBatch) -> Match:
+        """Each task's recognised kind and its M nearest memory runs of that kind."""
+        kinds = self.reader(hist)
+        logs = hist.log_prefix()
+        m, cap = self.samples, self.runs.pool.cap
+        shift, distance, curves = np.empty(len(hist)), np.empty(len(hist)), np.empty((len(hist), m, cap))
+        for b, (kind, n) in enumerate(zip(kinds, hist.lengths, strict=True)):
+            near, moved, apart = self.runs.nearest(str(kind), logs[b, :n], m)
+            shift[b], distance[b] = np.median(np.abs(moved)), apart.mean()
+            curves[b] = np.exp(self.runs.runs[str(kind)][near] + moved[:, None])
+        return Match(kinds, shift, distance, curves)
+
+    def answered(self, match: Match) -> np.ndarray:
+        """Where the memory answers: the tasks whose nearest runs pass both gates."""
+        return (match.shift <= self.cfg.max_shift) & (match.distance <= self.cfg.max_distance)
+
+    def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
+        match = self.match(hist)
+        return self.crossings(match, self.answered(match), hist, eps, horizon)
+
+    def crossings(self, match: Match, answered: np.ndarray, hist: HistoryBatch, eps: np.ndarray,
+                  horizon: np.ndarray) -> np.ndarray:
+        """(B, M) ascending: the matched runs' crossings where `answered`, FM's elsewhere."""
+        out = np.empty((len(hist), self.samples))
+        m = self.samples
+        for b in np.flatnonzero(answered):
+            n = np.full(m, hist.lengths[b])
+            out[b] = np.sort(first_crossing(match.curves[b], n, np.full(m, eps[b]), np.full(m, horizon[b])))
+        if not answered.all():
+            rest = ~answered
+            out[rest] = self.fallback.sorted_crossings(take(hist, rest), eps[rest], horizon[rest])
+        return out
+
+    @classmethod
+    def load(cls, fm_dir: str | Path) -> RecallPredictor:
+        """FM and its memory from an exported FM folder (the kind classifier is refitted once
+        per process and folder version)."""
+        fm_dir = Path(fm_dir)
+        stamps = tuple((fm_dir / f).stat().st_mtime if (fm_dir / f).exists() else 0.0
+                       for f in (MEMORY_FILE, "config.json", "weights.pt"))
+        return _loaded(str(fm_dir), stamps)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(fm_dir: str, stamps: tuple[float, ...]) -> RecallPredictor:
+    return RecallPredictor(load_memory(fm_dir), FMPredictor.load(fm_dir))
+

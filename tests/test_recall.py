@@ -1,0 +1,107 @@
+"""The recall predictor: FM's training runs as a memory, read by the kind the prefix reveals."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from mara_env.env import load_curves
+from mara_fm.bank import CurveSet
+from mara_fm.predictors import HistoryBatch, HistoryPredictor, make_predictor, predictor_digest
+from mara_fm.predictors.fm import ArtifactError, FMPredictor
+from mara_fm.predictors.recall import (
+    MEMORY_FILE,
+    KindReader,
+    RecallConfig,
+    RecallPredictor,
+    load_memory,
+    prefix_features,
+    save_memory,
+)
+
+M = 4  # samples of the FM these tests use: the smoke bank holds 5 train and val runs per kind
+
+
+@pytest.fixture(scope="module")
+def parts(smoke_bank, untrained_fm):
+    train, val = load_curves(smoke_bank, "id", "train"), load_curves(smoke_bank, "id", "val")
+    memory = CurveSet(*(np.concatenate([getattr(train, f), getattr(val, f)])
+                        for f in ("ids", "families", "batch_size", "lr", "losses")))
+    fm = FMPredictor(untrained_fm.model, dataclasses.replace(untrained_fm.cfg, samples=M), untrained_fm.stats)
+    test = load_curves(smoke_bank, "id", "test")
+    rng = np.random.default_rng(0)
+    rows = np.repeat(np.arange(len(test)), 6)
+    lengths = rng.integers(8, 150, len(rows))
+    hist = HistoryBatch.from_curves(test.avg[rows], lengths, test.batch_size[rows], test.lr[rows])
+    hist = dataclasses.replace(hist, future=None)
+    eps = test.avg[rows, np.minimum(lengths + rng.integers(5, 140, len(rows)), test.cap - 1)]
+    horizon = (test.cap - lengths).astype(np.float64)
+    return memory, fm, hist, eps, horizon, test.families[rows]
+
+
+def test_the_gates_send_a_task_to_the_memory_or_to_fm(parts):
+    memory, fm, hist, eps, horizon, _ = parts
+    reader = KindReader(memory, RecallConfig())
+    closed = RecallPredictor(memory, fm, RecallConfig(max_shift=0.0, max_distance=0.0), reader)
+    np.testing.assert_array_equal(closed.remaining_batches(hist, eps, horizon),
+                                  fm.remaining_batches(hist, eps, horizon))
+    # Wide open, its samples are the M runs the history predictor finds when told the kind it
+    # recognised; a run that never gets there reports the horizon, as an FM sample does.
+    opened = RecallPredictor(memory, fm, RecallConfig(max_shift=np.inf, max_distance=np.inf), reader)
+    match = opened.match(hist)
+    assert opened.answered(match).all() and match.curves.shape == (len(hist), M, memory.cap)
+    told = dataclasses.replace(hist, kind=match.kinds)
+    history = HistoryPredictor(memory, neighbours=M).sorted_crossings(told, eps, horizon)
+    np.testing.assert_allclose(opened.sorted_crossings(hist, eps, horizon), np.minimum(history, horizon[:, None]))
+    mine = opened.remaining_batches(hist, eps, horizon)
+    assert ((mine > 0) & (mine < horizon)).sum() > 10
+    band = opened.remaining_batches(hist, eps, horizon, optimistic=0.0)  # the fastest of the M runs
+    assert (np.where(np.isinf(band[:, 1]), band[:, 0] == horizon, band[:, 1] <= band[:, 0])).all()
+    # In between, each task follows its own gate.
+    middle = RecallPredictor(memory, fm, RecallConfig(max_shift=float(np.median(match.shift)),
+                                                      max_distance=np.inf), reader)
+    some = middle.answered(middle.match(hist))
+    assert some.any() and not some.all()
+    np.testing.assert_allclose(middle.remaining_batches(hist, eps, horizon),
+                               np.where(some, mine, fm.remaining_batches(hist, eps, horizon)))
+
+
+def test_the_kind_reader_is_seeded_and_reads_kinds_off_the_prefix(parts):
+    memory, _, hist, _, _, kinds = parts
+    first, again = KindReader(memory, RecallConfig()), KindReader(memory, RecallConfig())
+    np.testing.assert_array_equal(first(hist), again(hist))
+    # On runs it has never seen, of kinds it knows, it names the kind far above chance (1 in 8).
+    assert np.mean(first(hist) == kinds) > 0.5
+    features = prefix_features(hist)
+    other = KindReader(memory, RecallConfig(seed=1))  # other cuts of the memory's runs
+    assert not np.array_equal(first.classifier.predict_proba(features), other.classifier.predict_proba(features))
+
+
+def test_the_memory_travels_with_the_export_and_is_checked(parts, tmp_path):
+    memory, fm, hist, eps, horizon, _ = parts
+    folder = fm.export(tmp_path / "fm")
+    with pytest.raises(ArtifactError, match="recall memory not found"):
+        make_predictor(f"recall:{folder}")
+    save_memory(memory, folder)
+    loaded = make_predictor(f"recall:{folder}")
+    assert isinstance(loaded, RecallPredictor) and loaded.samples == M
+    np.testing.assert_array_equal(load_memory(folder).losses, memory.losses)
+    assert loaded.remaining_batches(hist, eps, horizon).shape == (len(hist),)
+    before = predictor_digest(f"recall:{folder}")
+    assert predictor_digest(f"fm:{folder}") != before
+    broken = dataclasses.replace(memory, losses=np.where(np.arange(memory.cap) == 3, np.nan, memory.losses))
+    save_memory(broken, folder)
+    assert predictor_digest(f"recall:{folder}") != before
+    with pytest.raises(ArtifactError, match="non-finite"):
+        load_memory(folder)
+    (folder / MEMORY_FILE).write_text("not an archive")
+    with pytest.raises(ArtifactError, match="not a readable recall memory"):
+        load_memory(folder)
+
+
+def test_recall_refuses_a_memory_with_too_few_runs_of_a_kind(parts, untrained_fm):
+    memory, *_ = parts
+    with pytest.raises(ValueError, match="at least M = 8 memory runs"):
+        RecallPredictor(memory, untrained_fm)  # 5 runs of each smoke kind
+    with pytest.raises(ValueError, match="max_shift and max_distance"):
+        RecallConfig(max_shift=-1.0)
