@@ -47,6 +47,7 @@ from mara_fm.predictors import (
     HistoryBatch,
     HistoryPredictor,
     Predictor,
+    RecallPredictor,
     WLSPredictor,
     first_crossing,
 )
@@ -367,8 +368,8 @@ def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, p
 def run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: str | Path,
              query_cfg: QueryConfig = QueryConfig(), tracking: bool = True,
              threads: int = 1, history_bank: str | Path | None = None) -> list[dict]:
-    """Evaluate FM and WLS on every test task set of a bank; write JSON, Markdown, PNGs.
-    With `history_bank`, the history predictor too (docs/design.md §5.5): told each task's
+    """Evaluate FM, recall (FM with its training runs as a memory, docs/design.md §5.6) and WLS
+    on every test task set of a bank; write JSON, Markdown, PNGs. With `history_bank`, the history predictor too (docs/design.md §5.5): told each task's
     kind and reading that bank's runs, a predictor of a setting beyond the paper's.
 
     Runs (and times) with `threads` torch threads: the simulator calls the
@@ -384,7 +385,7 @@ def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path |
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fm, wls = FMPredictor.load(predictor_path), WLSPredictor()
-    predictors: dict[str, Predictor] = {"fm": fm, "wls": wls}
+    predictors: dict[str, Predictor] = {"fm": fm, "recall": RecallPredictor.load(predictor_path), "wls": wls}
     if history_bank is not None:
         predictors["history"] = HistoryPredictor.load(history_bank)
     query_sets = bank_query_sets(load_bank(bank_path), query_cfg)

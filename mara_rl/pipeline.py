@@ -31,6 +31,7 @@ from mara_env.env import EnvConfig
 from mara_fm.build_bank import BankConfig, ensure_bank, ensure_history_bank
 from mara_fm.eval_predictor import evaluated_predictors, run_eval
 from mara_fm.fm_model import PredictorConfig
+from mara_fm.predictors.recall import MEMORY_FILE
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import EvalConfig, evaluate, frozen_episodes
 from mara_rl.methods import (
@@ -206,15 +207,16 @@ def timeline_stage(profile: Profile, cfg: PipelineConfig, policies: dict[tuple[s
 
 
 def predictor_eval_stage(profile: Profile) -> Stage:
-    """FM and WLS on the test curves, and the history predictor where the profile has a
-    `[history_bank]`: an evaluation made before it scored that predictor is made again."""
+    """FM, recall and WLS on the test curves, and the history predictor where the profile has
+    a `[history_bank]`: an evaluation made before it scored all of them is made again."""
     paths = profile.paths
     history = (paths.history_bank,) if profile.values("history_bank") else ()
     return Stage("predictor evaluation", paths.predictor_eval,
                  lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report,
                                   history_bank=ensure_history_bank(profile)),
-                 (paths.bank, paths.predictor / "config.json", *history),
-                 covers=lambda: not history or "history" in evaluated_predictors(paths.predictor_eval))
+                 (paths.bank, paths.predictor / "config.json", paths.predictor / MEMORY_FILE, *history),
+                 covers=lambda: {"recall", *(["history"] if history else [])}
+                 <= evaluated_predictors(paths.predictor_eval))
 
 
 def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | None = None,
@@ -246,7 +248,8 @@ def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: boo
         else (paths.bank,)
     stages = [
         Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
-        Stage("predictor", paths.predictor / "config.json",
+        # The memory is written last: an export from before the recall predictor is completed.
+        Stage("predictor", paths.predictor / MEMORY_FILE,
               lambda: train_predictor(profile, paths.bank, paths.predictor_run), banks),
         predictor_eval_stage(profile),
     ]

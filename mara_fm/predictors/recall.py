@@ -46,8 +46,8 @@ class RecallConfig:
     # A task is answered from memory when its nearest runs had to be moved by at most
     # `max_shift` in log loss (their median) to meet its level, and then lie within
     # `max_distance` (their mean squared log distance over the prefix); FM answers otherwise.
-    max_shift: float = 0.1
-    max_distance: float = 0.003
+    max_shift: float = 0.2
+    max_distance: float = 0.0015
     prefixes_per_run: int = 8  # random cuts of each memory run the kind classifier trains on
     classifier_iterations: int = 300
     seed: int = 0
