@@ -51,6 +51,7 @@ from mara_fm.predictors import (
     WLSPredictor,
     first_crossing,
 )
+from mara_fm.predictors.recall import MEMORY_FILE
 
 EVAL_FILE = "predictor_eval.json"
 LATENCY_BATCH = 256
@@ -385,7 +386,9 @@ def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path |
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fm, wls = FMPredictor.load(predictor_path), WLSPredictor()
-    predictors: dict[str, Predictor] = {"fm": fm, "recall": RecallPredictor.load(predictor_path), "wls": wls}
+    predictors: dict[str, Predictor] = {"fm": fm, "wls": wls}
+    if (Path(predictor_path) / MEMORY_FILE).exists():  # an export from before the memory has none
+        predictors["recall"] = RecallPredictor.load(predictor_path)
     if history_bank is not None:
         predictors["history"] = HistoryPredictor.load(history_bank)
     query_sets = bank_query_sets(load_bank(bank_path), query_cfg)

@@ -100,8 +100,8 @@ class Variant:
 
     name: str
     overrides: tuple[tuple[str, Any], ...]  # SchedulerConfig fields
-    # Trained by a profile whose [evaluation] does not list its variants. The history variant
-    # is not: it needs a history bank ([history_bank]) and a profile asks for it by name.
+    # Trained by a profile whose [evaluation] does not list its variants. The recall and history
+    # variants are not: a profile asks for them by name (the history variant needs a history bank).
     standard: bool = True
 
     @property
@@ -113,6 +113,7 @@ VARIANTS = (
     Variant("mara", (("predictor", "fm"),)),
     Variant("mara_wls", (("predictor", "wls"),)),
     Variant("sparse", (("predictor", "fm"), ("beta", 0.0))),
+    Variant("mara_recall", (("predictor", "recall"),), standard=False),
     Variant("mara_history", (("predictor", "history"),), standard=False),
 )
 

@@ -215,8 +215,8 @@ def predictor_eval_stage(profile: Profile) -> Stage:
                  lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report,
                                   history_bank=ensure_history_bank(profile)),
                  (paths.bank, paths.predictor / "config.json", paths.predictor / MEMORY_FILE, *history),
-                 covers=lambda: {"recall", *(["history"] if history else [])}
-                 <= evaluated_predictors(paths.predictor_eval))
+                 covers=lambda: {*(["recall"] if (paths.predictor / MEMORY_FILE).exists() else []),
+                                 *(["history"] if history else [])} <= evaluated_predictors(paths.predictor_eval))
 
 
 def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | None = None,

@@ -374,6 +374,9 @@ def render(report: dict[str, Any], profile: str) -> str:
 
     out.append("## Table 1 — predictor (stage one)\n")
     if report["predictor"]:
+        if any(r["predictor"] == "recall" for r in report["predictor"]):
+            out.append("`recall`: FM with its own training runs as a memory, read by the job kind the prefix "
+                       "reveals, FM where no remembered run matches (docs/design.md §5.6); the paper's inputs.\n")
         if any(r["predictor"] == "history" for r in report["predictor"]):
             out.append("`history`: told each task's job kind and reading earlier runs of it (docs/design.md "
                        "§5.5), a setting beyond the paper's; its samples are its nearest runs' crossings.\n")

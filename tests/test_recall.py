@@ -99,9 +99,12 @@ def test_the_memory_travels_with_the_export_and_is_checked(parts, tmp_path):
         load_memory(folder)
 
 
-def test_recall_refuses_a_memory_with_too_few_runs_of_a_kind(parts, untrained_fm):
-    memory, *_ = parts
-    with pytest.raises(ValueError, match="at least M = 8 memory runs"):
-        RecallPredictor(memory, untrained_fm)  # 5 runs of each smoke kind
+def test_a_kind_with_fewer_runs_than_samples_is_left_to_fm(parts, untrained_fm):
+    memory, _, hist, eps, horizon, _ = parts
+    opened = RecallPredictor(memory, untrained_fm, RecallConfig(max_shift=np.inf, max_distance=np.inf))
+    assert untrained_fm.samples == 8 and not opened.recallable  # 5 runs of each smoke kind
+    assert not opened.answered(opened.match(hist)).any()
+    np.testing.assert_array_equal(opened.remaining_batches(hist, eps, horizon),
+                                  untrained_fm.remaining_batches(hist, eps, horizon))
     with pytest.raises(ValueError, match="max_shift and max_distance"):
         RecallConfig(max_shift=-1.0)

@@ -120,7 +120,9 @@ class Match:
     """What the memory holds for each of B tasks."""
 
     kinds: np.ndarray  # (B,) the recognised kind
-    shift: np.ndarray  # (B,) median |log shift| that moved the M nearest runs to the task's level
+    # (B,) median |log shift| that moved the M nearest runs to the task's level; NaN for a kind
+    # with fewer than M runs
+    shift: np.ndarray
     distance: np.ndarray  # (B,) their mean squared log distance from the prefix, once moved
     curves: np.ndarray  # (B, M, cap) those runs' cumulative averages, moved
 
@@ -133,13 +135,10 @@ class RecallPredictor(SampledPredictor):
 
     def __init__(self, memory: CurveSet, fallback: SampledPredictor, cfg: RecallConfig = RecallConfig(),
                  reader: KindReader | None = None) -> None:
-        counts = {kind: int(np.sum(memory.families == kind)) for kind in memory.family_names()}
-        short = {k: c for k, c in counts.items() if c < fallback.samples}
-        if short:
-            raise ValueError(f"recall: every kind needs at least M = {fallback.samples} memory runs; "
-                             f"too few of {short}")
         self.cfg, self.fallback = cfg, fallback
         self.runs = HistoryPredictor(memory, neighbours=fallback.samples)
+        # A kind with fewer than M runs cannot give M samples: its tasks are left to FM.
+        self.recallable = {kind for kind, runs in self.runs.runs.items() if len(runs) >= fallback.samples}
         self.reader = reader or KindReader(memory, cfg)
 
     @property
@@ -154,15 +153,19 @@ class RecallPredictor(SampledPredictor):
         kinds = self.reader(hist)
         logs = hist.log_prefix()
         m, cap = self.samples, self.runs.pool.cap
-        shift, distance, curves = np.empty(len(hist)), np.empty(len(hist)), np.empty((len(hist), m, cap))
+        shift, distance, curves = np.empty(len(hist)), np.empty(len(hist)), np.zeros((len(hist), m, cap))
         for b, (kind, n) in enumerate(zip(kinds, hist.lengths, strict=True)):
+            if kind not in self.recallable:
+                shift[b] = distance[b] = np.nan  # passes no gate
+                continue
             near, moved, apart = self.runs.nearest(str(kind), logs[b, :n], m)
             shift[b], distance[b] = np.median(np.abs(moved)), apart.mean()
             curves[b] = np.exp(self.runs.runs[str(kind)][near] + moved[:, None])
         return Match(kinds, shift, distance, curves)
 
     def answered(self, match: Match) -> np.ndarray:
-        """Where the memory answers: the tasks whose nearest runs pass both gates."""
+        """Where the memory answers: the tasks whose nearest runs pass both gates (never those
+        of a kind with fewer than M runs)."""
         return (match.shift <= self.cfg.max_shift) & (match.distance <= self.cfg.max_distance)
 
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
