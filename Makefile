@@ -12,7 +12,7 @@ HISTORY_BANK := data/banks/$(STAGE_ONE)-history.parquet
 FM      := artifacts/predictor/$(STAGE_ONE)/predictor
 # Scheduler settings default to the profile's [scheduler]; these override the common ones
 # (every [scheduler] setting has a flag: `mara train-scheduler --help`; ARGS="--flag value ..." passes more).
-# PREDICTOR=wls trains MARA-WLS, PREDICTOR=history MARA-history, BETA=0 the sparse-reward ablation, SEED=N another seed,
+# PREDICTOR=wls trains MARA-WLS, PREDICTOR=recall MARA-recall, PREDICTOR=history MARA-history, BETA=0 the sparse-reward ablation, SEED=N another seed,
 # IMITATION=N the warm start's episodes (0: PPO from a random MAT), TEACHER=..., DAGGER=R.
 SEED      ?=
 BETA      ?=
