@@ -8,7 +8,7 @@ still names some remembered kind. Both are measured on ID validation curves
 only, with the evaluation protocol's queries (`eval_predictor.make_queries`):
 - known: every ID val query, the full memory;
 - unseen: each ID family in turn removed from the memory (and from the kind
-  classifier, refitted without it), scored on that family's val queries.
+  kind reader), scored on that family's val queries.
   FM itself was trained on that family, so this side flatters FM: the gates
   it picks are, if anything, too careful.
 The pick is the pair with the lowest mean of the two capped MAEs.
@@ -49,7 +49,7 @@ def without(curves: CurveSet, family: str) -> CurveSet:
 def gate_scores(memory: CurveSet, fm: FMPredictor, q: Queries, gates: list[tuple[float, float]]
                 ) -> list[tuple[float, float]]:
     """Per gate pair: the recall predictor's capped MAE on `q` and the share the memory answers."""
-    reader = KindReader(memory, RecallConfig())
+    reader = KindReader(memory)
     out = []
     for s, d in gates:
         predictor = RecallPredictor(memory, fm, RecallConfig(max_shift=s, max_distance=d), reader)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     q = make_queries(val, reference_curves(val, train))
     gates = list(itertools.product(args.shifts, args.distances))
 
-    kinds = KindReader(memory, RecallConfig())(q.hist)
+    kinds = KindReader(memory)(q.hist)
     print(f"known: {len(q)} queries, kind named right at {np.mean(kinds == q.hist.kind):.1%}", flush=True)
     known = gate_scores(memory, fm, q, gates)
     folds = []  # per family: its query count and gate scores

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier
 
 from mara_fm.bank import CurveSet
-from mara_fm.predictors.base import WARMUP_POINTS, HistoryBatch, take
+from mara_fm.predictors.base import HistoryBatch, take
 from mara_fm.predictors.fm import ArtifactError, FMPredictor, SampledPredictor
 from mara_fm.predictors.history import HistoryPredictor
 from mara_fm.predictors.oracle import first_crossing
@@ -48,16 +47,11 @@ class RecallConfig:
     # `max_distance` (their mean squared log distance over the prefix); FM answers otherwise.
     max_shift: float = 0.2
     max_distance: float = 0.0015
-    prefixes_per_run: int = 8  # random cuts of each memory run the kind classifier trains on
-    classifier_iterations: int = 300
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.max_shift < 0 or self.max_distance < 0:
             raise ValueError(f"recall: max_shift and max_distance must be ≥ 0, got {self.max_shift}, "
                              f"{self.max_distance}")
-        if self.prefixes_per_run < 1 or self.classifier_iterations < 1:
-            raise ValueError("recall: prefixes_per_run and classifier_iterations must be ≥ 1")
 
 
 def save_memory(curves: CurveSet, fm_dir: str | Path) -> Path:
@@ -98,21 +92,33 @@ def prefix_features(hist: HistoryBatch) -> np.ndarray:
 
 
 class KindReader:
-    """Names the memory's job kind that a prefix most likely belongs to: a gradient-boosted
-    classifier fitted to random cuts of every memory run (seeded, so refitting gives the same
-    classifier)."""
+    """Names the kind of a prefix of n points: the kind of the memory run whose own first n
+    points lie nearest to it in `prefix_features`, each feature standardised over the memory's
+    runs at that length. Nothing is fitted; a length's table is built the first time it is asked."""
 
-    def __init__(self, memory: CurveSet, cfg: RecallConfig) -> None:
-        rng = np.random.default_rng(cfg.seed)
-        rows = np.repeat(np.arange(len(memory)), cfg.prefixes_per_run)
-        lengths = rng.integers(WARMUP_POINTS, memory.cap + 1, len(rows))
-        cuts = HistoryBatch.from_curves(memory.avg[rows], lengths, memory.batch_size[rows], memory.lr[rows])
-        self.classifier = HistGradientBoostingClassifier(
-            max_iter=cfg.classifier_iterations, early_stopping=False, random_state=cfg.seed)
-        self.classifier.fit(prefix_features(cuts), memory.families[rows])
+    def __init__(self, memory: CurveSet) -> None:
+        self.memory = memory
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def table(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The memory's standardised features at length n, with their mean and scale."""
+        if n not in self.tables:
+            memory = self.memory
+            cut = HistoryBatch.from_curves(memory.avg, np.full(len(memory), n), memory.batch_size, memory.lr)
+            features = prefix_features(cut)
+            mean, scale = features.mean(axis=0), features.std(axis=0)
+            scale[scale == 0] = 1.0  # the log length, the same for every run of the table
+            self.tables[n] = ((features - mean) / scale, mean, scale)
+        return self.tables[n]
 
     def __call__(self, hist: HistoryBatch) -> np.ndarray:
-        return self.classifier.predict(prefix_features(hist))
+        features = prefix_features(hist)
+        kinds = np.empty(len(hist), dtype=self.memory.families.dtype)
+        for b, n in enumerate(hist.lengths):
+            table, mean, scale = self.table(int(n))
+            nearest = np.argmin(np.sum((table - (features[b] - mean) / scale) ** 2, axis=1))
+            kinds[b] = self.memory.families[nearest]
+        return kinds
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ class RecallPredictor(SampledPredictor):
         self.runs = HistoryPredictor(memory, neighbours=fallback.samples)
         # A kind with fewer than M runs cannot give M samples: its tasks are left to FM.
         self.recallable = {kind for kind, runs in self.runs.runs.items() if len(runs) >= fallback.samples}
-        self.reader = reader or KindReader(memory, cfg)
+        self.reader = reader or KindReader(memory)
 
     @property
     def samples(self) -> int:
@@ -187,8 +193,7 @@ class RecallPredictor(SampledPredictor):
 
     @classmethod
     def load(cls, fm_dir: str | Path) -> RecallPredictor:
-        """FM and its memory from an exported FM folder (the kind classifier is refitted once
-        per process and folder version)."""
+        """FM and its memory from an exported FM folder (once per process and folder version)."""
         fm_dir = Path(fm_dir)
         stamps = tuple((fm_dir / f).stat().st_mtime if (fm_dir / f).exists() else 0.0
                        for f in (MEMORY_FILE, "config.json", "weights.pt"))
