@@ -49,7 +49,7 @@ def test_the_gates_send_a_task_to_the_memory_or_to_fm(parts):
     # recognised; a run that never gets there reports the horizon, as an FM sample does.
     opened = RecallPredictor(memory, fm, RecallConfig(max_shift=np.inf, max_distance=np.inf), reader)
     match = opened.match(hist)
-    assert opened.answered(match).all() and match.curves.shape == (len(hist), M, memory.cap)
+    assert opened.answered(match).all() and match.near.shape == match.moved.shape == (len(hist), M)
     told = dataclasses.replace(hist, kind=match.kinds)
     history = HistoryPredictor(memory, neighbours=M).sorted_crossings(told, eps, horizon)
     np.testing.assert_allclose(opened.sorted_crossings(hist, eps, horizon), np.minimum(history, horizon[:, None]))

@@ -130,7 +130,8 @@ class Match:
     # with fewer than M runs
     shift: np.ndarray
     distance: np.ndarray  # (B,) their mean squared log distance from the prefix, once moved
-    curves: np.ndarray  # (B, M, cap) those runs' cumulative averages, moved
+    near: np.ndarray  # (B, M) those runs, rows of the kind's runs in the memory
+    moved: np.ndarray  # (B, M) the log shift that moved each
 
 
 class RecallPredictor(SampledPredictor):
@@ -158,16 +159,14 @@ class RecallPredictor(SampledPredictor):
         """Each task's recognised kind and its M nearest memory runs of that kind."""
         kinds = self.reader(hist)
         logs = hist.log_prefix()
-        m, cap = self.samples, self.runs.pool.cap
-        shift, distance, curves = np.empty(len(hist)), np.empty(len(hist)), np.zeros((len(hist), m, cap))
+        m, b_all = self.samples, len(hist)
+        shift, distance = np.full(b_all, np.nan), np.full(b_all, np.nan)  # NaN passes no gate
+        near, moved = np.zeros((b_all, m), np.int64), np.zeros((b_all, m))
         for b, (kind, n) in enumerate(zip(kinds, hist.lengths, strict=True)):
-            if kind not in self.recallable:
-                shift[b] = distance[b] = np.nan  # passes no gate
-                continue
-            near, moved, apart = self.runs.nearest(str(kind), logs[b, :n], m)
-            shift[b], distance[b] = np.median(np.abs(moved)), apart.mean()
-            curves[b] = np.exp(self.runs.runs[str(kind)][near] + moved[:, None])
-        return Match(kinds, shift, distance, curves)
+            if kind in self.recallable:
+                near[b], moved[b], apart = self.runs.nearest(str(kind), logs[b, :n], m)
+                shift[b], distance[b] = np.median(np.abs(moved[b])), apart.mean()
+        return Match(kinds, shift, distance, near, moved)
 
     def answered(self, match: Match) -> np.ndarray:
         """Where the memory answers: the tasks whose nearest runs pass both gates (never those
@@ -184,8 +183,9 @@ class RecallPredictor(SampledPredictor):
         out = np.empty((len(hist), self.samples))
         m = self.samples
         for b in np.flatnonzero(answered):
+            curves = np.exp(self.runs.runs[str(match.kinds[b])][match.near[b]] + match.moved[b][:, None])
             n = np.full(m, hist.lengths[b])
-            out[b] = np.sort(first_crossing(match.curves[b], n, np.full(m, eps[b]), np.full(m, horizon[b])))
+            out[b] = np.sort(first_crossing(curves, n, np.full(m, eps[b]), np.full(m, horizon[b])))
         if not answered.all():
             rest = ~answered
             out[rest] = self.fallback.sorted_crossings(take(hist, rest), eps[rest], horizon[rest])
