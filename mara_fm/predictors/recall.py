@@ -45,7 +45,7 @@ class RecallConfig:
     # A task is answered from memory when its nearest runs had to be moved by at most
     # `max_shift` in log loss (their median) to meet its level, and then lie within
     # `max_distance` (their mean squared log distance over the prefix); FM answers otherwise.
-    max_shift: float = 0.2
+    max_shift: float = 0.1
     max_distance: float = 0.0015
 
     def __post_init__(self) -> None:
