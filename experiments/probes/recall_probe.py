@@ -3,7 +3,7 @@
 The recall predictor (docs/design.md §5.6) answers a task from the memory runs of
 the kind it recognises, and leaves to FM a task whose nearest runs had to be
 moved far (`max_shift`) or still lie far (`max_distance`). Loose gates help on
-kinds the memory holds and hurt on kinds it does not, where the classifier
+kinds the memory holds and hurt on kinds it does not, where the kind reader
 still names some remembered kind. Both are measured on ID validation curves
 only, with the evaluation protocol's queries (`eval_predictor.make_queries`):
 - known: every ID val query, the full memory;
