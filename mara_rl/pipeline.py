@@ -211,12 +211,15 @@ def predictor_eval_stage(profile: Profile) -> Stage:
     a `[history_bank]`: an evaluation made before it scored all of them is made again."""
     paths = profile.paths
     history = (paths.history_bank,) if profile.values("history_bank") else ()
+
+    def covers() -> bool:
+        needed = {*(["recall"] if (paths.predictor / MEMORY_FILE).exists() else []), *(["history"] if history else [])}
+        return not needed or needed <= evaluated_predictors(paths.predictor_eval)
+
     return Stage("predictor evaluation", paths.predictor_eval,
                  lambda: run_eval(paths.predictor, paths.bank, paths.predictor_report,
                                   history_bank=ensure_history_bank(profile)),
-                 (paths.bank, paths.predictor / "config.json", paths.predictor / MEMORY_FILE, *history),
-                 covers=lambda: {*(["recall"] if (paths.predictor / MEMORY_FILE).exists() else []),
-                                 *(["history"] if history else [])} <= evaluated_predictors(paths.predictor_eval))
+                 (paths.bank, paths.predictor / "config.json", paths.predictor / MEMORY_FILE, *history), covers=covers)
 
 
 def make_report(profile: Profile, eval_dir: Path | None = None, out_dir: Path | None = None,

@@ -144,7 +144,10 @@ def test_eval_command_writes_report(trained, smoke_bank, tmp_path):
     args.func(args)
     records = json.loads((tmp_path / "predictor_eval.json").read_text())
     assert {(r["task_set"], r["predictor"]) for r in records} == {
-        (t, p) for t in ("id", "rl_ood", "vit_ood") for p in ("fm", "wls")}
+        (t, p) for t in ("id", "rl_ood", "vit_ood") for p in ("fm", "recall", "wls")}
+    # The smoke memory holds 4 runs of each kind, fewer than FM's samples: recall is FM throughout.
+    scores = {(r["task_set"], r["predictor"]): r["capped_mae"] for r in records}
+    assert all(scores[(t, "recall")] == scores[(t, "fm")] for t in ("id", "rl_ood", "vit_ood"))
     m = next(r["samples"] for r in records if r["predictor"] == "fm")
     for r in records:
         assert r["n_queries"] > 0 and r["ms_per_prefix"] > 0 and len(r["mae_by_rank"]) == 8

@@ -25,6 +25,7 @@ from mara_common.profile import Profile
 from mara_env.env import EnvConfig
 from mara_fm.bank import bank_digest
 from mara_fm.predictors import predictor_digest
+from mara_fm.predictors.recall import MEMORY_FILE
 from mara_rl import evaluate as evaluate_module
 from mara_rl.cli import main
 from mara_rl.evaluate import EvalConfig, evaluate, slack_bands
@@ -368,8 +369,9 @@ def test_stages_with_current_outputs_are_skipped(tmp_path: Path) -> None:
 
 
 def test_a_predictor_evaluation_without_the_history_predictor_is_made_again(tmp_path: Path) -> None:
-    """A profile with a [history_bank] scores the history predictor too: its earlier
-    evaluation, which did not, is not reused; a profile without one has nothing to add."""
+    """A profile with a [history_bank] scores the history predictor too, and an FM export with
+    its memory the recall predictor: an earlier evaluation that did not is not reused; a profile
+    with neither has nothing to add."""
     path = tmp_path / f"history_eval_{os.getpid()}.toml"  # its evaluation goes to reports/predictor/<stem>/
     path.write_text((PROFILE_DIR / "smoke.toml").read_text())
     profile = Profile.load(path)
@@ -381,8 +383,16 @@ def test_a_predictor_evaluation_without_the_history_predictor_is_made_again(tmp_
         assert not stage.covers() and not stage.done()
         out.write_text(json.dumps([{"predictor": "fm"}, {"predictor": "wls"}, {"predictor": "history"}]))
         assert stage.covers()
+        # An exported FM with its memory: the recall predictor is scored too.
+        memory = profile.paths.predictor / MEMORY_FILE
+        memory.parent.mkdir(parents=True)
+        memory.write_bytes(b"")
+        assert memory in stage.inputs and not stage.covers()
+        out.write_text(json.dumps([{"predictor": p} for p in ("fm", "wls", "history", "recall")]))
+        assert stage.covers()
     finally:
         shutil.rmtree(out.parent)
+        shutil.rmtree(profile.paths.predictor.parent, ignore_errors=True)
     assert predictor_eval_stage(Profile.load("paper")).covers()
 
 
