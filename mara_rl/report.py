@@ -36,7 +36,7 @@ from mara_common.plotting import plt, save_figure
 from mara_common.tracking import mlflow_run
 from mara_fm.eval_predictor import markdown_table as predictor_table
 from mara_rl.evaluate import COMPLETION, DIAGNOSTICS, slack_bands
-from mara_rl.methods import SPECS, rule_names
+from mara_rl.methods import BUILTIN, SPECS, VARIANTS, rule_names
 from mara_rl.records import EVAL_EXPERIMENT, Record
 from mara_rl.stats import BootstrapConfig, difference_matrix, hierarchical_bootstrap, mean_std
 from mara_rl.timeline import TIMELINE_PNG
@@ -78,7 +78,11 @@ class Scores:
 
 
 def method_names(records: list[Record]) -> list[str]:
-    return list(dict.fromkeys(r.method for r in records))
+    """The methods of `records` in the registry's order (learned variants, then the built-in
+    methods), whatever order the evaluations came in; others after them, as they come."""
+    seen = list(dict.fromkeys(r.method for r in records))
+    order = [v.name for v in VARIANTS] + [s.name for s in BUILTIN]
+    return sorted(seen, key=lambda m: order.index(m) if m in order else len(order) + seen.index(m))
 
 
 def scores(records: list[Record], method: str, scenario: str, load: float,

@@ -55,6 +55,7 @@ from mara_rl.report import (
     inputs_section,
     interval,
     mean_pm_std,
+    method_names,
     plot_comparisons,
     publish,
     render,
@@ -616,3 +617,11 @@ def test_a_stopped_evaluation_resumes_from_its_journal(smoke_bank: Path, tmp_pat
     journal.write_text("not json\n{}\n")
     with pytest.raises(ConfigError, match="line 1"):
         run(tmp_path / "stopped", reuse=False)
+
+
+def test_methods_come_in_the_registry_order_whatever_the_evaluations_order() -> None:
+    """Evaluations made one after another (a rule added later, a variant trained later) still
+    give the tables' rows in the registry's order: learned variants first."""
+    names = ["edf", "lara_recall_optimistic", "my_policy", "mara_recall", "fifo", "mara"]
+    records = [synthetic(m, "id", 0.5) for m in names]
+    assert method_names(records) == ["mara", "mara_recall", "fifo", "edf", "lara_recall_optimistic", "my_policy"]
