@@ -369,8 +369,9 @@ def plot_forecast(fm: Predictor, wls: Predictor, curves: CurveSet, q: Queries, p
 def run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: str | Path,
              query_cfg: QueryConfig = QueryConfig(), tracking: bool = True,
              threads: int = 1, history_bank: str | Path | None = None) -> list[dict]:
-    """Evaluate FM, recall (FM with its training runs as a memory, docs/design.md §5.6) and WLS
-    on every test task set of a bank; write JSON, Markdown, PNGs. With `history_bank`, the history predictor too (docs/design.md §5.5): told each task's
+    """Evaluate FM, recall (FM with its training runs as a memory, docs/design.md §5.6, where
+    the export has one) and WLS on every test task set of a bank; write JSON, Markdown, PNGs.
+    With `history_bank`, the history predictor too (docs/design.md §5.5): told each task's
     kind and reading that bank's runs, a predictor of a setting beyond the paper's.
 
     Runs (and times) with `threads` torch threads: the simulator calls the
