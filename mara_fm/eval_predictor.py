@@ -51,7 +51,7 @@ from mara_fm.predictors import (
     WLSPredictor,
     first_crossing,
 )
-from mara_fm.predictors.recall import MEMORY_FILE
+from mara_fm.predictors.recall import has_memory
 
 EVAL_FILE = "predictor_eval.json"
 LATENCY_BATCH = 256
@@ -388,7 +388,7 @@ def _run_eval(predictor_path: str | Path, bank_path: str | Path, out_dir: Path |
     out_dir.mkdir(parents=True, exist_ok=True)
     fm, wls = FMPredictor.load(predictor_path), WLSPredictor()
     predictors: dict[str, Predictor] = {"fm": fm, "wls": wls}
-    if (Path(predictor_path) / MEMORY_FILE).exists():  # an export from before the memory has none
+    if has_memory(predictor_path):
         predictors["recall"] = RecallPredictor.load(predictor_path)
     if history_bank is not None:
         predictors["history"] = HistoryPredictor.load(history_bank)

@@ -20,7 +20,7 @@ from mara_env.vector import PooledVectorEnv
 from mara_fm.build_bank import BankConfig, build_bank
 from mara_fm.fm_model import INFERENCE_BACKENDS
 from mara_fm.predictors import FMPredictor, Predictor
-from mara_fm.predictors.recall import MEMORY_FILE
+from mara_fm.predictors.recall import has_memory
 from mara_live.config import LiveConfig
 from mara_live.runner import run_live
 from mara_live.streams import generate_stream
@@ -150,7 +150,7 @@ def run_bench(cfg: EnvConfig, steps: int = 20_000, bank_rate: bool = True,
         predictors["fm"] = exported
         for backend in (b for b in INFERENCE_BACKENDS if b != exported.cfg.inference):
             predictors[f"fm_{backend}"] = FMPredictor.load(fm_path, inference=backend)
-        if (Path(fm_path) / MEMORY_FILE).exists():
+        if has_memory(fm_path):
             predictors["recall"] = f"recall:{fm_path}"
     if history_path:
         predictors["history"] = f"history:{history_path}"

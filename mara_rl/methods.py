@@ -25,6 +25,7 @@ from mara_common.flags import comma_list
 from mara_env.env import VIEW_OPTIONS, EnvConfig
 from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide
+from mara_fm.predictors import FM_FOLDER
 from mara_rl.policy import act, load_policy, policy_env
 
 KINDS = ("rule", "history", "reference", "bound")
@@ -58,7 +59,7 @@ class MethodSpec:
 
     def needs(self) -> list[str]:
         """What the profile or the command must provide for this method to run."""
-        return (["an FM predictor"] if self.predictor in ("fm", "recall") else []) + \
+        return (["an FM predictor"] if self.predictor in FM_FOLDER else []) + \
             (["a history bank ([history_bank])"] if self.predictor == "history" else []) + \
             (["[env] optimistic_quantile"] if self.view != "none" else [])
 

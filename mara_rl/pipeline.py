@@ -31,7 +31,7 @@ from mara_env.env import EnvConfig
 from mara_fm.build_bank import BankConfig, ensure_bank, ensure_history_bank
 from mara_fm.eval_predictor import evaluated_predictors, run_eval
 from mara_fm.fm_model import PredictorConfig
-from mara_fm.predictors.recall import MEMORY_FILE
+from mara_fm.predictors.recall import MEMORY_FILE, has_memory
 from mara_fm.train_predictor import train_predictor
 from mara_rl.evaluate import EvalConfig, evaluate, frozen_episodes
 from mara_rl.methods import (
@@ -213,7 +213,7 @@ def predictor_eval_stage(profile: Profile) -> Stage:
     history = (paths.history_bank,) if profile.values("history_bank") else ()
 
     def covers() -> bool:
-        needed = {*(["recall"] if (paths.predictor / MEMORY_FILE).exists() else []), *(["history"] if history else [])}
+        needed = {*(["recall"] if has_memory(paths.predictor) else []), *(["history"] if history else [])}
         return not needed or needed <= evaluated_predictors(paths.predictor_eval)
 
     return Stage("predictor evaluation", paths.predictor_eval,

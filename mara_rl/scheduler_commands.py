@@ -17,7 +17,7 @@ from mara_common.paths import PROFILE_DIR, normal_path
 from mara_common.profile import Profile
 from mara_common.tracking import ensure_experiment
 from mara_fm.build_bank import profile_bank
-from mara_fm.predictors import predictor_digest
+from mara_fm.predictors import FM_FOLDER, predictor_digest
 from mara_rl.scheduler_config import SchedulerConfig, default_out, scheduler_config, training_env
 from mara_rl.submit import check_cluster, submit_command
 from mara_rl.train_scheduler import EXPERIMENT, train
@@ -57,7 +57,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
             *(["--fresh"] if args.fresh else [])]
     # The settings given, with the predictor's path in its normal form (the job runs elsewhere).
     given = {k: v for k, v in overrides(args, SchedulerConfig).items() if k != "fm_path"}
-    argv += to_argv({**given, **({"fm_path": cfg.fm_path} if cfg.predictor in ("fm", "recall") else {})})
+    argv += to_argv({**given, **({"fm_path": cfg.fm_path} if cfg.predictor in FM_FOLDER else {})})
     job_id, status = submit_command("train-scheduler", argv, address=address, wait=args.wait, timeout_s=args.timeout,
                                      mlflow_uri=args.mlflow_uri)
     print(f"job {job_id}: {status}")

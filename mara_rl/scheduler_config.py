@@ -19,6 +19,7 @@ from mara_common.profile import Profile
 from mara_env.env import VIEW_OPTIONS, EnvConfig
 from mara_env.registry import ALLOCATORS
 from mara_fm.build_bank import ensure_history_bank
+from mara_fm.predictors import FM_FOLDER
 from mara_rl.imitation import TEACHERS
 from mara_rl.mat_module import MATConfig
 
@@ -98,7 +99,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         check_config(self)
         # One normal form for the predictor's path, whoever gives it; none for a predictor without one.
-        self.fm_path = normal_path(self.fm_path) if self.predictor in ("fm", "recall") and self.fm_path else ""
+        self.fm_path = normal_path(self.fm_path) if self.predictor in FM_FOLDER and self.fm_path else ""
         self.history_path = normal_path(self.history_path) if self.predictor == "history" and self.history_path else ""
         # DAgger continues the imitation warm start: without one there is nothing to continue
         # (so IMITATION=0 needs no DAGGER=0 beside it).
@@ -112,7 +113,7 @@ class SchedulerConfig:
                               f"{self.train_batch_size}")
 
     def predictor_spec(self) -> str:
-        if self.predictor in ("fm", "recall"):
+        if self.predictor in FM_FOLDER:
             if not self.fm_path:
                 raise ConfigError(f"predictor {self.predictor!r} needs fm_path (--fm-path) to an exported "
                                   "FM predictor")
@@ -129,7 +130,7 @@ def scheduler_config(profile: Profile, **overrides: Any) -> SchedulerConfig:
     path reads the profile's exported predictor, a history run the profile's history bank (built
     first if missing)."""
     cfg = profile.section(SchedulerConfig, "scheduler", **overrides)
-    if cfg.predictor in ("fm", "recall") and not cfg.fm_path:
+    if cfg.predictor in FM_FOLDER and not cfg.fm_path:
         cfg = dataclasses.replace(cfg, fm_path=str(profile.paths.predictor))
     if cfg.predictor == "history" and not cfg.history_path:
         bank = ensure_history_bank(profile)

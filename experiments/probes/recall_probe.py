@@ -22,28 +22,28 @@ Writes experiments/probes/results/recall_probe.md, or into --out.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 
 from experiments.probes.common import probe_parser, save_table
+from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
 from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
 from mara_fm.fm_data import split_curves
 from mara_fm.predictors import FMPredictor, RecallPredictor, WLSPredictor
-from mara_fm.predictors.base import take
 from mara_fm.predictors.recall import KindReader, RecallConfig, load_memory
 
 
 def floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",")]
+    return comma_list(text, "--shifts/--distances", float)
 
 
 def without(curves: CurveSet, family: str) -> CurveSet:
     keep = curves.families != family
-    return CurveSet(curves.ids[keep], curves.families[keep], curves.batch_size[keep], curves.lr[keep],
-                    curves.losses[keep])
+    return CurveSet(*(getattr(curves, f.name)[keep] for f in dataclasses.fields(CurveSet)))
 
 
 def gate_scores(memory: CurveSet, fm: FMPredictor, q: Queries, gates: list[tuple[float, float]]
@@ -76,11 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     known = gate_scores(memory, fm, q, gates)
     folds = []  # per family: its query count and gate scores
     for family in val.family_names():
-        rows = q.hist.kind == family
-        sub = Queries(take(q.hist, rows), q.eps[rows], q.horizon[rows], q.budget[rows], q.truth[rows],
-                      q.rank[rows], q.curve[rows], q.n_ranks)
-        folds.append((rows.sum(), gate_scores(without(memory, family), fm, sub, gates)))
-        print(f"unseen {family}: {rows.sum()} queries", flush=True)
+        rows = np.flatnonzero(q.hist.kind == family)
+        folds.append((len(rows), gate_scores(without(memory, family), fm, q.subset(rows), gates)))
+        print(f"unseen {family}: {len(rows)} queries", flush=True)
     weights = np.array([n for n, _ in folds]) / len(q)
     unseen = [tuple(float(np.dot(weights, [f[g][i] for _, f in folds])) for i in range(2))
               for g in range(len(gates))]

@@ -16,8 +16,11 @@ from mara_fm.predictors.wls import WLSPredictor
 __all__ = [
     "WARMUP_POINTS", "FMPredictor", "HistoryBatch", "HistoryPredictor", "Predictor", "OraclePredictor",
     "RecallPredictor", "SampledPredictor", "WLSPredictor", "first_crossing", "make_predictor",
-    "predictor_digest", "save_memory",
+    "predictor_digest", "save_memory", "FM_FOLDER",
 ]
+
+# The predictors whose spec names an exported FM folder (`<name>:<path>`).
+FM_FOLDER = ("fm", "recall")
 
 
 def make_predictor(spec: str | Predictor) -> Predictor:
@@ -42,12 +45,12 @@ def make_predictor(spec: str | Predictor) -> Predictor:
 def predictor_digest(spec: str) -> str:
     """A content hash of the predictor `spec` names: its files for `fm:<path>` (and the memory
     for `recall:<path>`), the name for the built-in ones, the pool's bank for `history:<path>`.
-    Whatever was trained with a predictor can check that the files at that path are still the ones it saw (retraining
-    writes the same path)."""
+    Whatever was trained with a predictor can check that the files at that path are still the
+    ones it saw (retraining writes the same path)."""
     if spec.startswith("history:"):
         return bank_digest(spec[8:])
     kind, _, folder = spec.partition(":")
-    if kind not in ("fm", "recall"):
+    if kind not in FM_FOLDER:
         return spec
     digest = hashlib.sha256()
     for name in (CONFIG_FILE, WEIGHTS_FILE) + ((MEMORY_FILE,) if kind == "recall" else ()):

@@ -21,6 +21,7 @@ writes beside the weights.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from mara_fm.predictors.history import HistoryPredictor
 from mara_fm.predictors.oracle import first_crossing
 
 MEMORY_FILE = "memory.npz"
-_FIELDS = ("ids", "families", "batch_size", "lr", "losses")
+_FIELDS = tuple(f.name for f in dataclasses.fields(CurveSet))
 _SPOTS = np.array([0.1, 0.25, 0.5, 0.75, 0.9])  # where along a prefix the features read its level
 
 
@@ -62,9 +63,14 @@ def save_memory(curves: CurveSet, fm_dir: str | Path) -> Path:
     return path
 
 
+def has_memory(fm_dir: str | Path) -> bool:
+    """Whether an exported FM folder holds a memory (one exported before recall existed does not)."""
+    return (Path(fm_dir) / MEMORY_FILE).is_file()
+
+
 def load_memory(fm_dir: str | Path) -> CurveSet:
     path = Path(fm_dir) / MEMORY_FILE
-    if not path.is_file():
+    if not has_memory(fm_dir):
         raise ArtifactError(f"{path}: recall memory not found (`mara train-predictor` writes it "
                             "beside FM's weights)")
     try:
