@@ -37,6 +37,10 @@ Validation episodes only.
     python -m experiments.probes.worlds_probe --worlds 16 --loads 0.04,0.07
     python -m experiments.probes.worlds_probe --planners rollout,hindsight --worlds 8 [--profile cluster]
     python -m experiments.probes.worlds_probe --planners hindsight --exact --no-arrivals-ahead --profile cluster
+    python -m experiments.probes.worlds_probe --planners rollout,hindsight --worlds 8 --recall
+
+`--recall` feeds every row, and draws the rollout worlds, from the recall predictor (FM with its
+training runs as a memory) instead of FM.
 
 Writes experiments/probes/results/worlds_probe.md, or into --out.
 """
@@ -67,7 +71,7 @@ from mara_env.registry import ALLOCATORS
 from mara_env.vector import BatchDecide, replay_in_lockstep
 from mara_env.workload import true_demand
 from mara_fm.bank import CurveSet
-from mara_fm.predictors import WARMUP_POINTS, FMPredictor
+from mara_fm.predictors import WARMUP_POINTS, FMPredictor, RecallPredictor, SampledPredictor
 from mara_fm.predictors.base import HistoryBatch
 from mara_rl.evaluate import pooled_episodes
 
@@ -160,7 +164,7 @@ def training_demands(cfg: EnvConfig, episodes: int = 40, seed: int = 12345) -> n
     return np.concatenate(demands)
 
 
-def sampled_worlds(env: MultiNodeEnv, fm: FMPredictor, worlds: int, prior: np.ndarray,
+def sampled_worlds(env: MultiNodeEnv, fm: SampledPredictor, worlds: int, prior: np.ndarray,
                    rng: np.random.Generator) -> np.ndarray:
     """(W, tasks) crossings per world: FM's samples for the tasks present past warm-up, the prior
     for those in warm-up, the truth for the rest (tasks yet to arrive or already gone)."""
@@ -222,7 +226,7 @@ class World:
             action = teacher.act(view_without(c, dropped))
 
 
-def rollout_decide(fm: FMPredictor | None, worlds: int, alternatives: int | None, delta: float,
+def rollout_decide(fm: SampledPredictor | None, worlds: int, alternatives: int | None, delta: float,
                    prior: np.ndarray, seed: int = 0, arrivals: bool = True,
                    persist_drops: bool = True, on_judged: Judged | None = None) -> BatchDecide:
     """The rollout planner of the module docstring; `fm` None: in the true world (hindsight);
@@ -293,6 +297,8 @@ def main(argv: list[str] | None = None) -> Path:
                         help="every row reads the true demand (the oracle predictor); planners: hindsight only")
     parser.add_argument("--arrivals-ahead", action=argparse.BooleanOptionalAction, default=True,
                         help="the rollout worlds hold the episode's later arrivals (off: none)")
+    parser.add_argument("--recall", action="store_true",
+                        help="read the recall predictor instead of FM (planners: rollout, hindsight)")
     parser.add_argument("--persist-drops", action=argparse.BooleanOptionalAction, default=True,
                         help="a task the rollout planners drop stays dropped (off: for that decision only)")
     args = parser.parse_args(argv)
@@ -301,12 +307,17 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--planners: choose from {list(PLANNERS)}")
     if args.exact and set(planners) != {"hindsight"}:
         parser.error("--exact: the other planners read FM's samples; give --planners hindsight")
+    if args.recall and set(planners) & {"served", "kept"}:
+        parser.error("--recall: the served and kept planners read FM's kept samples; give rollout, hindsight")
     profile = Profile.load(args.profile)
+    fm_dir = args.fm or profile.paths.predictor
     # With --exact nothing reads FM (hindsight plans in the true world): it is not loaded.
-    fm = None if args.exact else SampleKeepingFM(FMPredictor.load(args.fm or profile.paths.predictor))
+    fm: SampledPredictor | None = (None if args.exact else RecallPredictor.load(fm_dir) if args.recall
+                                   else SampleKeepingFM(FMPredictor.load(fm_dir)))
     source = "oracle" if args.exact else fm
     worlds = "the true world" if args.exact else f"{args.worlds} worlds"
-    lines = [f"Profile {profile.name}; forecasts {'exact (the oracle predictor)' if args.exact else 'FM'}; rollout "
+    forecasts = "exact (the oracle predictor)" if args.exact else "recall" if args.recall else "FM"
+    lines = [f"Profile {profile.name}; forecasts {forecasts}; rollout "
              f"planners decide at events (H = {args.hold}), {worlds}, {args.alternatives or 'all'} swaps and "
              f"drops, δ = {args.delta}, later arrivals {'in' if args.arrivals_ahead else 'not in'} the worlds, "
              f"drops {'held to the end' if args.persist_drops else 'for one decision'}.", "",
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> Path:
                 print(f"[worlds] load {load} {planner}: {row[-1]:.2f}", flush=True)
             lines.append(f"| {load} | " + " | ".join(f"{r:.2f}" for r in row) + " |")
             print(lines[-1], flush=True)
-    return save_table(lines, args.out, table_name("worlds_probe", profile))
+    return save_table(lines, args.out, table_name("worlds_probe", profile, "_recall" if args.recall else ""))
 
 
 if __name__ == "__main__":
