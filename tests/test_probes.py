@@ -25,7 +25,7 @@ from mara_fm.bank import load_bank, select
 from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_fm.fm_data import split_curves
 from mara_fm.fm_model import FlowModel
-from mara_fm.predictors import FMPredictor
+from mara_fm.predictors import FMPredictor, save_memory
 from mara_rl.evaluate import pooled_episodes
 from mara_rl.imitation import Demonstrations
 from mara_rl.mat_module import MATConfig
@@ -68,8 +68,12 @@ def percent(cell: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def fm_dir(untrained_fm, tmp_path_factory) -> Path:
-    return untrained_fm.export(tmp_path_factory.mktemp("probes") / "fm")
+def fm_dir(untrained_fm, smoke_bank, tmp_path_factory) -> Path:
+    """The untrained FM exported with a memory of the smoke bank's ID train curves, as
+    `train-predictor` leaves it."""
+    folder = untrained_fm.export(tmp_path_factory.mktemp("probes") / "fm")
+    save_memory(select(load_bank(smoke_bank), "id", "train"), folder)
+    return folder
 
 
 def run(name: str, smoke_bank: Path, tmp_path: Path, *args: str) -> Path:
@@ -408,6 +412,18 @@ def test_worlds_probe_told_the_true_demand(smoke_bank, fm_dir, tmp_path):
     assert len(rows) == 1 and len(rows[0]) == 5 and all(0 <= percent(c) for c in rows[0][1:])
     with pytest.raises(SystemExit):  # the sampled-world planners read FM: not with --exact
         run("worlds_probe", smoke_bank, tmp_path, "--exact", "--planners", "rollout", "--fm", str(fm_dir))
+
+
+def test_worlds_probe_on_recall(smoke_bank, fm_dir, tmp_path):
+    # On the smoke bank no kind has M memory runs, so recall answers as FM does: same table.
+    args = ["--roots", "1", "--episodes-per-root", "1", "--worlds", "2", "--fm", str(fm_dir),
+            "--planners", "rollout"]
+    fm = run("worlds_probe", smoke_bank, tmp_path / "fm", *args)
+    recall = run("worlds_probe", smoke_bank, tmp_path / "recall", *args, "--recall")
+    assert recall.name.endswith("_recall.md") and "forecasts recall" in recall.read_text()
+    assert tables(recall) == tables(fm)
+    with pytest.raises(SystemExit):  # served and kept read FM's kept samples
+        run("worlds_probe", smoke_bank, tmp_path, "--recall", "--planners", "served", "--fm", str(fm_dir))
 
 
 def told_env(smoke_bank: Path, **settings) -> EnvConfig:
