@@ -305,6 +305,30 @@ def test_selection_grid_names_every_dimension():
     assert longer["s25-mixture-wide-points24"] == {**grid["s25-mixture-wide"], "max_points": 24, "recent_points": 12}
 
 
+def test_spread_probe_scores_the_selection_folds_predictor(smoke_bank, fm_dir, mlflow_store, tmp_path):
+    grid = ["--work", str(tmp_path / "work"), "--networks", "tiny", "--epochs", "1"]
+    [[selected]] = tables(run("select_predictor", smoke_bank, tmp_path / "select", *grid))
+    path = run("spread_probe", smoke_bank, tmp_path, *grid, "--temperatures", "1,2", "--fm", str(fm_dir))
+    rows = tables(path)[0]
+    assert [r[0] for r in rows] == ["1", "2"] and sum(r[-1] == "yes" for r in rows) == 1
+    # At τ = 1 the fold's FM is the one the selection scored, on the same held-out queries.
+    assert number(rows[0][1]) == number(selected[5])
+    for row in rows:
+        assert all(0 <= number(c) for c in row[1:4]) and 0 <= number(row[6]) <= 1
+
+
+def test_a_temperature_scales_fms_base_noise_only(untrained_fm, smoke_bank):
+    spread = probe("spread_probe")
+    train, val = split_curves(load_bank(smoke_bank))
+    q = make_queries(val, reference_curves(val, train))
+    same, wider = spread.TemperedFM(untrained_fm, 1.0), spread.TemperedFM(untrained_fm, 2.0)
+    np.testing.assert_array_equal(same.sorted_crossings(q.hist, q.eps, q.horizon),
+                                  untrained_fm.sorted_crossings(q.hist, q.eps, q.horizon))
+    assert not np.array_equal(wider.sorted_crossings(q.hist, q.eps, q.horizon),
+                              untrained_fm.sorted_crossings(q.hist, q.eps, q.horizon))
+    assert wider.model is untrained_fm.model
+
+
 def test_selection_over_priors_and_wide_families_then_their_scheduler_consequence(smoke_bank, smoke_wide_bank,
                                                                                   mlflow_store, tmp_path):
     grid = ["--work", str(tmp_path / "work"), "--networks", "tiny", "--epochs", "2", "--priors", "off,mixture",
