@@ -317,6 +317,17 @@ def test_spread_probe_scores_the_selection_folds_predictor(smoke_bank, fm_dir, m
         assert all(0 <= number(c) for c in row[1:4]) and 0 <= number(row[6]) <= 1
 
 
+def test_recall_folds_probe_falls_back_to_the_folds_fm(smoke_bank, fm_dir, mlflow_store, tmp_path):
+    grid = ["--work", str(tmp_path / "work"), "--networks", "tiny", "--epochs", "1"]
+    path = run("recall_folds_probe", smoke_bank, tmp_path, *grid, "--shifts", "0.1,inf", "--distances", "inf",
+               "--fm", str(fm_dir))
+    rows = tables(path)[0]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("0.1", "inf", "inf"), ("inf", "inf", "inf")]
+    assert sum("(picked)" in r[-1] for r in rows) == 1
+    # No smoke kind has M memory runs, so recall is each fold's FM on the unseen side.
+    assert all(r[6] in ("+0.0%", "-0.0%") and r[7] == "0%" for r in rows)
+
+
 def test_a_temperature_scales_fms_base_noise_only(untrained_fm, smoke_bank):
     spread = probe("spread_probe")
     train, val = split_curves(load_bank(smoke_bank))

@@ -109,5 +109,35 @@ def test_a_kind_with_fewer_runs_than_samples_is_left_to_fm(parts, untrained_fm):
     assert not opened.answered(opened.match(hist)).any()
     np.testing.assert_array_equal(opened.remaining_batches(hist, eps, horizon),
                                   untrained_fm.remaining_batches(hist, eps, horizon))
-    with pytest.raises(ValueError, match="max_shift and max_distance"):
+    with pytest.raises(ValueError, match="max_shift, max_distance and max_novelty"):
         RecallConfig(max_shift=-1.0)
+
+
+def test_the_novelty_gate_admits_only_prefixes_like_a_memory_run(parts):
+    memory, fm, hist, eps, horizon, _ = parts
+    reader = KindReader(memory)
+    kinds, novelty = reader.read(hist)
+    np.testing.assert_array_equal(kinds, reader(hist))
+    rows, lengths = np.arange(len(memory)), np.full(len(memory), 60)
+    own = HistoryBatch.from_curves(memory.avg[rows], lengths, memory.batch_size[rows], memory.lr[rows])
+    np.testing.assert_allclose(reader.read(own)[1], 0.0, atol=1e-12)  # each run is its own nearest
+    limit = float(np.median(novelty))
+    gated = RecallPredictor(memory, fm, RecallConfig(max_shift=np.inf, max_distance=np.inf, max_novelty=limit), reader)
+    match = gated.match(hist)
+    np.testing.assert_array_equal(gated.answered(match), novelty <= limit)
+    with pytest.raises(ValueError, match="max_novelty"):
+        RecallConfig(max_novelty=-1.0)
+
+
+def test_the_probes_gate_scores_are_the_predictors_own(parts, smoke_bank):
+    from experiments.probes.recall_probe import gate_scores
+    from mara_fm.eval_predictor import make_queries, reference_curves, score
+
+    memory, fm, *_ = parts
+    test = load_curves(smoke_bank, "id", "test")
+    q = make_queries(test, reference_curves(test, None))
+    gates = [RecallConfig(), RecallConfig(max_shift=np.inf, max_distance=np.inf), RecallConfig(max_novelty=0.05)]
+    for cfg, (mae, share) in zip(gates, gate_scores(memory, fm, q, gates), strict=True):
+        predictor = RecallPredictor(memory, fm, cfg)
+        assert mae == pytest.approx(score(predictor.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"])
+        assert share == pytest.approx(predictor.answered(predictor.match(q.hist)).mean())

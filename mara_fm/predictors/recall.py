@@ -49,11 +49,23 @@ class RecallConfig:
     # `max_distance` (their mean squared log distance over the prefix); FM answers otherwise.
     max_shift: float = 0.1
     max_distance: float = 0.0015
+    # And, when finite, only if the kind reader's nearest memory run lies within `max_novelty`
+    # of the prefix (mean squared standardised feature distance, `KindReader.read`): a gate on
+    # whether the memory holds anything like the task at all. Off (inf): measured on families
+    # held out of FM and memory alike, not adopted (docs/experiments.md, "Recall's gates on
+    # families neither FM nor the memory saw").
+    max_novelty: float = np.inf
 
     def __post_init__(self) -> None:
-        if self.max_shift < 0 or self.max_distance < 0:
-            raise ValueError(f"recall: max_shift and max_distance must be ≥ 0, got {self.max_shift}, "
-                             f"{self.max_distance}")
+        if min(self.max_shift, self.max_distance, self.max_novelty) < 0:
+            raise ValueError(f"recall: max_shift, max_distance and max_novelty must be ≥ 0, got {self.max_shift}, "
+                             f"{self.max_distance}, {self.max_novelty}")
+
+    def admits(self, match: Match) -> np.ndarray:
+        """(B,) where the memory answers: the tasks whose nearest runs pass every gate (never
+        those of a kind with fewer than M runs, whose shift is NaN)."""
+        return ((match.shift <= self.max_shift) & (match.distance <= self.max_distance)
+                & (match.novelty <= self.max_novelty))
 
 
 def save_memory(curves: CurveSet, fm_dir: str | Path) -> Path:
@@ -118,14 +130,21 @@ class KindReader:
             self.tables[n] = ((features - mean) / scale, mean, scale)
         return self.tables[n]
 
-    def __call__(self, hist: HistoryBatch) -> np.ndarray:
+    def read(self, hist: HistoryBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) each prefix's kind and (B,) its novelty: the mean squared standardised feature
+        distance to that nearest run (small where the memory holds runs like it)."""
         features = prefix_features(hist)
         kinds = np.empty(len(hist), dtype=self.memory.families.dtype)
+        novelty = np.empty(len(hist))
         for b, n in enumerate(hist.lengths):
             table, mean, scale = self.table(int(n))
-            nearest = np.argmin(np.sum((table - (features[b] - mean) / scale) ** 2, axis=1))
-            kinds[b] = self.memory.families[nearest]
-        return kinds
+            apart = np.mean((table - (features[b] - mean) / scale) ** 2, axis=1)
+            nearest = np.argmin(apart)
+            kinds[b], novelty[b] = self.memory.families[nearest], apart[nearest]
+        return kinds, novelty
+
+    def __call__(self, hist: HistoryBatch) -> np.ndarray:
+        return self.read(hist)[0]
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,7 @@ class Match:
     """What the memory holds for each of B tasks."""
 
     kinds: np.ndarray  # (B,) the recognised kind
+    novelty: np.ndarray  # (B,) how far the nearest memory run of any kind lies (`KindReader.read`)
     # (B,) median |log shift| that moved the M nearest runs to the task's level; NaN for a kind
     # with fewer than M runs
     shift: np.ndarray
@@ -164,7 +184,7 @@ class RecallPredictor(SampledPredictor):
 
     def match(self, hist: HistoryBatch) -> Match:
         """Each task's recognised kind and its M nearest memory runs of that kind."""
-        kinds = self.reader(hist)
+        kinds, novelty = self.reader.read(hist)
         logs = hist.log_prefix()
         m, b_all = self.samples, len(hist)
         shift, distance = np.full(b_all, np.nan), np.full(b_all, np.nan)  # NaN passes no gate
@@ -173,12 +193,11 @@ class RecallPredictor(SampledPredictor):
             if kind in self.recallable:
                 near[b], moved[b], apart = self.runs.nearest(str(kind), logs[b, :n], m)
                 shift[b], distance[b] = np.median(np.abs(moved[b])), apart.mean()
-        return Match(kinds, shift, distance, near, moved)
+        return Match(kinds, novelty, shift, distance, near, moved)
 
     def answered(self, match: Match) -> np.ndarray:
-        """Where the memory answers: the tasks whose nearest runs pass both gates (never those
-        of a kind with fewer than M runs)."""
-        return (match.shift <= self.cfg.max_shift) & (match.distance <= self.cfg.max_distance)
+        """Where the memory answers (`RecallConfig.admits`)."""
+        return self.cfg.admits(match)
 
     def sorted_crossings(self, hist: HistoryBatch, eps: np.ndarray, horizon: np.ndarray) -> np.ndarray:
         match = self.match(hist)

@@ -1,0 +1,96 @@
+"""Probe: the recall predictor's gates on families that neither FM nor the memory saw.
+
+`recall_probe.py` scores its unseen side with the exported FM, which was
+trained on every family, as the fallback, so a family left out of the memory
+is still known to FM. Here both are held out: the folds of
+`select_predictor.py`, each fold's FM (its last checkpoint, trained without
+the fold's families) as the fallback and each fold's own training runs (saved
+beside its export) as the memory. The known side is `recall_probe.py`'s: ID val
+curves, the full memory and the exported FM.
+
+Rule, the same as `recall_probe.py`'s: the gate pair with the lowest mean of
+the known capped MAE and the unseen one (the mean over folds). No test or OOD
+curve is read.
+
+    python -m experiments.probes.recall_folds_probe --work WORK --networks small --epochs 25 \\
+        --priors mixture --data wide --folds F1,F2,...
+
+WORK as for `select_predictor.py` (fold trainings are resumed). Writes
+experiments/probes/results/recall_folds_probe.md, or into --out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from experiments.probes.common import probe_parser, save_table
+from experiments.probes.recall_probe import floats, gate_scores
+from experiments.probes.select_predictor import (
+    add_grid_flags,
+    fold_predictor,
+    fold_run,
+    heldout_curves,
+    heldout_queries,
+    parse_selection,
+)
+from mara_fm.bank import load_bank
+from mara_fm.eval_predictor import make_queries, reference_curves, score
+from mara_fm.fm_data import split_curves
+from mara_fm.predictors import FMPredictor, WLSPredictor
+from mara_fm.predictors.recall import RecallConfig, load_memory
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = probe_parser(__doc__, fm=True)
+    add_grid_flags(parser)
+    parser.add_argument("--shifts", type=floats, default=[0.05, 0.1, 0.2, 0.3, np.inf])
+    parser.add_argument("--distances", type=floats, default=[0.0005, 0.001, 0.0015, 0.002, 0.003, 0.01, np.inf])
+    parser.add_argument("--novelties", type=floats, default=[np.inf],
+                        help="the kind reader's gate (RecallConfig.max_novelty), comma-separated")
+    args, sel = parse_selection(parser, argv)
+    if len(sel.grid) != 1:
+        parser.error("name one candidate (one network, epochs, prior, data)")
+    (name, overrides), = sel.grid.items()
+    gates = [RecallConfig(max_shift=s, max_distance=d, max_novelty=v)
+             for s, d, v in itertools.product(args.shifts, args.distances, args.novelties)]
+
+    fm_dir = args.fm or sel.profile.paths.predictor
+    train, val = split_curves(load_bank(sel.bank))
+    q = make_queries(val, reference_curves(val, train))
+    fm = FMPredictor.load(fm_dir)
+    known = [mae for mae, _ in gate_scores(load_memory(fm_dir), fm, q, gates)]
+    base = score(WLSPredictor().remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
+    fm_known = score(fm.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
+
+    unseen, answered, fm_unseen = [], [], []
+    for fold in sel.folds:
+        fold_fm = fold_predictor(sel, args.work, name, fold)
+        memory = load_memory(fold_run(args.work, name, overrides, fold)[0] / "predictor")
+        fq = heldout_queries(heldout_curves(sel.frame, fold))
+        scored = gate_scores(memory, fold_fm, fq, gates)
+        unseen.append([mae for mae, _ in scored])
+        answered.append([share for _, share in scored])
+        fm_unseen.append(score(fold_fm.remaining_batches(fq.hist, fq.eps, fq.horizon), fq)["capped_mae"])
+        print(f"[recall folds] {'+'.join(fold)}: FM {fm_unseen[-1]:.2f}, recall {min(unseen[-1]):.2f} to "
+              f"{max(unseen[-1]):.2f} over the gates", flush=True)
+    unseen_mae, share = np.mean(unseen, axis=0), np.mean(answered, axis=0)
+    best = int(np.argmin((np.array(known) + unseen_mae) / 2))
+    lines = [f"Known: ID val ({len(q)} queries; WLS {base:.2f}, FM {fm_known:.2f}), the full memory and FM. "
+             f"Unseen: folds {'; '.join('+'.join(f) for f in sel.folds)}, each fold's FM ({name}, trained without "
+             f"them; mean capped MAE {np.mean(fm_unseen):.2f}) and memory. Defaults: {RecallConfig()}.", "",
+             "| max_shift | max_distance | max_novelty | known MAE | vs WLS | unseen MAE | vs fold FM "
+             "| unseen from memory | mean |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g, c in enumerate(gates):
+        lines.append(f"| {c.max_shift:g} | {c.max_distance:g} | {c.max_novelty:g} | {known[g]:.2f} | {known[g] / base - 1:+.1%} | {unseen_mae[g]:.2f} | "
+                     f"{unseen_mae[g] / np.mean(fm_unseen) - 1:+.1%} | {share[g]:.0%} | "
+                     f"{(known[g] + unseen_mae[g]) / 2:.2f}{' (picked)' if g == best else ''} |")
+    print("\n".join(lines), flush=True)
+    return save_table(lines, args.out, "recall_folds_probe.md")
+
+
+if __name__ == "__main__":
+    main()
