@@ -320,8 +320,10 @@ def test_spread_probe_scores_the_selection_folds_predictor(smoke_bank, fm_dir, m
 def test_recall_folds_probe_falls_back_to_the_folds_fm(smoke_bank, fm_dir, mlflow_store, tmp_path):
     grid = ["--work", str(tmp_path / "work"), "--networks", "tiny", "--epochs", "1"]
     path = run("recall_folds_probe", smoke_bank, tmp_path, *grid, "--shifts", "0.1,inf", "--distances", "inf",
-               "--fm", str(fm_dir))
-    rows = tables(path)[0]
+               "--fm", str(fm_dir), "--teacher", "--roots", "1", "--episodes-per-root", "1")
+    rows, teacher = tables(path)
+    assert [r[0] for r in teacher] == ["FM", "recall, defaults", "recall, pick"]
+    assert len({tuple(r[1:]) for r in teacher}) == 1  # recall is FM here, so the teacher plays alike
     assert [(r[0], r[1], r[2]) for r in rows] == [("0.1", "inf", "inf"), ("inf", "inf", "inf")]
     assert sum("(picked)" in r[-1] for r in rows) == 1
     # No smoke kind has M memory runs, so recall is each fold's FM on the unseen side.
