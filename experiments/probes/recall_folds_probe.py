@@ -41,8 +41,8 @@ from experiments.probes.recall_probe import floats, gate_scores
 from experiments.probes.select_predictor import (
     Selection,
     add_grid_flags,
+    fold_memory,
     fold_predictor,
-    fold_run,
     heldout_curves,
     heldout_queries,
     parse_selection,
@@ -72,15 +72,15 @@ def main(argv: list[str] | None = None) -> Path:
     args, sel = parse_selection(parser, argv)
     if len(sel.grid) != 1:
         parser.error("name one candidate (one network, epochs, prior, data)")
-    (name, overrides), = sel.grid.items()
+    (name,) = sel.grid
     gates = [RecallConfig(max_shift=s, max_distance=d, max_novelty=v)
              for s, d, v in itertools.product(args.shifts, args.distances, args.novelties)]
 
     fm_dir = args.fm or sel.profile.paths.predictor
     train, val = split_curves(load_bank(sel.bank))
     q = make_queries(val, reference_curves(val, train))
-    fm = FMPredictor.load(fm_dir)
-    known = [mae for mae, _ in gate_scores(load_memory(fm_dir), fm, q, gates)]
+    fm, memory = FMPredictor.load(fm_dir), load_memory(fm_dir)
+    known = [mae for mae, _ in gate_scores(memory, fm, q, gates)]
     base = score(WLSPredictor().remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
     fm_known = score(fm.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
 
@@ -88,10 +88,9 @@ def main(argv: list[str] | None = None) -> Path:
     fold_parts = {}  # fold → its FM and its memory
     for fold in sel.folds:
         fold_fm = fold_predictor(sel, args.work, name, fold)
-        memory = load_memory(fold_run(args.work, name, overrides, fold)[0] / "predictor")
-        fold_parts[fold] = fold_fm, memory
+        fold_parts[fold] = fold_fm, fold_memory(sel, args.work, name, fold)
         fq = heldout_queries(heldout_curves(sel.frame, fold))
-        scored = gate_scores(memory, fold_fm, fq, gates)
+        scored = gate_scores(fold_parts[fold][1], fold_fm, fq, gates)
         unseen.append([mae for mae, _ in scored])
         answered.append([share for _, share in scored])
         fm_unseen.append(score(fold_fm.remaining_batches(fq.hist, fq.eps, fq.horizon), fq)["capped_mae"])
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> Path:
                      f"{unseen_mae[g] / np.mean(fm_unseen) - 1:+.1%} | {share[g]:.0%} | "
                      f"{(known[g] + unseen_mae[g]) / 2:.2f}{' (picked)' if g == best else ''} |")
     if args.teacher:
-        lines += ["", *teacher_lines(args, sel, fold_parts, fm, load_memory(fm_dir), gates[best])]
+        lines += ["", *teacher_lines(args, sel, fold_parts, fm, memory, gates[best])]
     print("\n".join(lines), flush=True)
     return save_table(lines, args.out, "recall_folds_probe.md")
 

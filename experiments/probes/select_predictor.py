@@ -88,6 +88,7 @@ from mara_fm.fm_data import split_curves
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors import FMPredictor, SampledPredictor
 from mara_fm.predictors.base import HistoryBatch
+from mara_fm.predictors.recall import load_memory
 from mara_fm.targets import Stats
 from mara_fm.train_predictor import train_predictor
 from mara_fm.wide_families import WIDE_FAMILIES
@@ -305,6 +306,13 @@ def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...],
                                                                       euler_steps=sel.sampling[1])
         trained.append(last_checkpoint(folder, scored, FMPredictor.load(result.predictor_path).stats))
     return ensemble(trained)
+
+
+def fold_memory(sel: Selection, work: Path, name: str, fold: tuple[str, ...]) -> CurveSet:
+    """Candidate `name`'s training runs in `fold` (the held-out families not among them), as its
+    training saved them beside its export (`fold_predictor` trains it): the recall predictor's
+    memory for that fold."""
+    return load_memory(fold_run(work, name, sel.grid[name], fold)[0] / "predictor")
 
 
 def full_predictor(sel: Selection, work: Path, name: str, members: int = 1, replicate: int = 0) -> SampledPredictor:

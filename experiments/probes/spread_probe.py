@@ -42,8 +42,8 @@ import numpy as np
 from experiments.probes.common import probe_parser, save_table
 from experiments.probes.select_predictor import (
     add_grid_flags,
+    fold_memory,
     fold_predictor,
-    fold_run,
     heldout_curves,
     heldout_queries,
     parse_selection,
@@ -60,7 +60,6 @@ from mara_fm.eval_predictor import (
 )
 from mara_fm.fm_data import split_curves
 from mara_fm.predictors import FMPredictor, RecallPredictor, SampledPredictor
-from mara_fm.predictors.recall import load_memory
 
 
 class TemperedFM(FMPredictor):
@@ -92,12 +91,12 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error("--temperatures: positive factors, 1 among them, comma-separated")
     if len(sel.grid) != 1:
         parser.error("name one candidate (one network, epochs, prior, data)")
-    (name, overrides), = sel.grid.items()
+    (name,) = sel.grid
     held: dict[float, list[dict[str, float]]] = {t: [] for t in temps}
     recalled: dict[float, list[dict[str, float]]] = {t: [] for t in temps}
     for fold in sel.folds:
         fm = fold_predictor(sel, args.work, name, fold)
-        memory = load_memory(fold_run(args.work, name, overrides, fold)[0] / "predictor")
+        memory = fold_memory(sel, args.work, name, fold)
         q = heldout_queries(heldout_curves(sel.frame, fold))
         for t in temps:
             tempered = TemperedFM(fm, t)
