@@ -138,9 +138,9 @@ class KindReader:
         novelty = np.empty(len(hist))
         for b, n in enumerate(hist.lengths):
             table, mean, scale = self.table(int(n))
-            apart = np.mean((table - (features[b] - mean) / scale) ** 2, axis=1)
+            apart = np.sum((table - (features[b] - mean) / scale) ** 2, axis=1)
             nearest = np.argmin(apart)
-            kinds[b], novelty[b] = self.memory.families[nearest], apart[nearest]
+            kinds[b], novelty[b] = self.memory.families[nearest], apart[nearest] / table.shape[1]
         return kinds, novelty
 
     def __call__(self, hist: HistoryBatch) -> np.ndarray:
