@@ -19,8 +19,8 @@ candidate is):
   by the fold's training, so the held-out families are not in it) and the
   fold's FM, at temperature τ, as its fallback: what recall does on kinds it
   has never seen;
-- the exported FM (trained on every family) on the ID val curves, where FM is
-  expected to stay calibrated (the ID target is ±0.08).
+- the exported FM (trained on every family) on the ID val curves, where its
+  samples are meant to stay calibrated (every k within ±0.08 of k/(M+1)).
 
 Rule, written down before any τ was scored: the τ with the lowest mean held-out
 calibration deviation of FM among those whose mean held-out capped MAE is
@@ -67,7 +67,6 @@ class TemperedFM(FMPredictor):
 
     def __init__(self, fm: FMPredictor, temperature: float) -> None:
         super().__init__(fm.model, fm.cfg, fm.stats)
-        self.temperature = temperature
         self._z0 = self._z0 * temperature
 
 
