@@ -39,12 +39,12 @@ import numpy as np
 from experiments.probes.common import probe_parser, save_table, success
 from experiments.probes.recall_probe import floats, gate_scores
 from experiments.probes.select_predictor import (
+    HeldOutFold,
     Selection,
     add_grid_flags,
-    fold_memory,
-    fold_predictor,
-    heldout_curves,
+    held_out_fold,
     heldout_queries,
+    only_candidate,
     parse_selection,
 )
 from experiments.probes.unseen_families_probe import heldout_bank
@@ -53,7 +53,7 @@ from mara_env.env import EnvConfig
 from mara_fm.bank import CurveSet, load_bank
 from mara_fm.eval_predictor import make_queries, reference_curves, score
 from mara_fm.fm_data import split_curves
-from mara_fm.predictors import FMPredictor, RecallPredictor, SampledPredictor, WLSPredictor
+from mara_fm.predictors import FMPredictor, RecallPredictor, WLSPredictor
 from mara_fm.predictors.recall import RecallConfig, load_memory
 from mara_rl.evaluate import pooled_episodes
 
@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--roots", type=int, default=5)
     parser.add_argument("--episodes-per-root", type=int, default=8)
     args, sel = parse_selection(parser, argv)
-    if len(sel.grid) != 1:
-        parser.error("name one candidate (one network, epochs, prior, data)")
-    (name,) = sel.grid
+    name = only_candidate(parser, sel)
     gates = [RecallConfig(max_shift=s, max_distance=d, max_novelty=v)
              for s, d, v in itertools.product(args.shifts, args.distances, args.novelties)]
 
@@ -85,15 +83,13 @@ def main(argv: list[str] | None = None) -> Path:
     fm_known = score(fm.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
 
     unseen, answered, fm_unseen = [], [], []
-    fold_parts = {}  # fold → its FM and its memory
-    for fold in sel.folds:
-        fold_fm = fold_predictor(sel, args.work, name, fold)
-        fold_parts[fold] = fold_fm, fold_memory(sel, args.work, name, fold)
-        fq = heldout_queries(heldout_curves(sel.frame, fold))
-        scored = gate_scores(fold_parts[fold][1], fold_fm, fq, gates)
+    parts = {fold: held_out_fold(sel, args.work, name, fold) for fold in sel.folds}
+    for fold, part in parts.items():
+        fq = heldout_queries(part.curves)
+        scored = gate_scores(part.memory, part.fm, fq, gates)
         unseen.append([mae for mae, _ in scored])
         answered.append([share for _, share in scored])
-        fm_unseen.append(score(fold_fm.remaining_batches(fq.hist, fq.eps, fq.horizon), fq)["capped_mae"])
+        fm_unseen.append(score(part.fm.remaining_batches(fq.hist, fq.eps, fq.horizon), fq)["capped_mae"])
         print(f"[recall folds] {'+'.join(fold)}: FM {fm_unseen[-1]:.2f}, recall {min(unseen[-1]):.2f} to "
               f"{max(unseen[-1]):.2f} over the gates", flush=True)
     unseen_mae, share = np.mean(unseen, axis=0), np.mean(answered, axis=0)
@@ -109,13 +105,12 @@ def main(argv: list[str] | None = None) -> Path:
                      f"{unseen_mae[g] / np.mean(fm_unseen) - 1:+.1%} | {share[g]:.0%} | "
                      f"{(known[g] + unseen_mae[g]) / 2:.2f}{' (picked)' if g == best else ''} |")
     if args.teacher:
-        lines += ["", *teacher_lines(args, sel, fold_parts, fm, memory, gates[best])]
+        lines += ["", *teacher_lines(args, sel, parts, fm, memory, gates[best])]
     print("\n".join(lines), flush=True)
     return save_table(lines, args.out, "recall_folds_probe.md")
 
 
-def teacher_lines(args: argparse.Namespace, sel: Selection,
-                  fold_parts: dict[tuple[str, ...], tuple[SampledPredictor, CurveSet]],
+def teacher_lines(args: argparse.Namespace, sel: Selection, parts: dict[tuple[str, ...], HeldOutFold],
                   fm: FMPredictor, memory: CurveSet, pick: RecallConfig) -> list[str]:
     """The teacher's success with FM alone, recall at the defaults and recall at `pick`: on each
     fold's held-out episodes (that fold's FM and memory) and on ID val (the exported ones)."""
@@ -124,12 +119,12 @@ def teacher_lines(args: argparse.Namespace, sel: Selection,
     base = sel.profile.section(EnvConfig, "env", split="val", task_set="heldout")
     unseen: dict[str, list[float]] = {k: [] for k in feeds}
     with torch_threads(1):
-        for fold, (fold_fm, fold_memory) in fold_parts.items():
-            path = heldout_bank(sel.frame, heldout_curves(sel.frame, fold), args.work / f"heldout-{'+'.join(fold)}.parquet")
+        for fold, part in parts.items():
+            path = heldout_bank(sel.frame, part.curves, args.work / f"heldout-{'+'.join(fold)}.parquet")
             cfg = dataclasses.replace(base, bank=str(path))
             episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
             for k, feed in feeds.items():
-                unseen[k].append(success(cfg, episodes, feed(fold_fm, fold_memory)))
+                unseen[k].append(success(cfg, episodes, feed(part.fm, part.memory)))
             print(f"[recall folds] teacher on {'+'.join(fold)}: "
                   + ", ".join(f"{k} {v[-1]:.2f}" for k, v in unseen.items()), flush=True)
         id_val = sel.profile.section(EnvConfig, "env", bank=str(sel.bank), split="val", task_set="id")

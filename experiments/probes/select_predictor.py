@@ -308,11 +308,28 @@ def fold_predictor(sel: Selection, work: Path, name: str, fold: tuple[str, ...],
     return ensemble(trained)
 
 
-def fold_memory(sel: Selection, work: Path, name: str, fold: tuple[str, ...]) -> CurveSet:
-    """Candidate `name`'s training runs in `fold` (the held-out families not among them), as its
-    training saved them beside its export (`fold_predictor` trains it): the recall predictor's
-    memory for that fold."""
-    return load_memory(fold_run(work, name, sel.grid[name], fold)[0] / "predictor")
+def only_candidate(parser: argparse.ArgumentParser, sel: Selection) -> str:
+    """The name of the one candidate a probe of a chosen predictor reads (an error otherwise)."""
+    if len(sel.grid) != 1:
+        parser.error("name one candidate (one network, epochs, prior, data)")
+    (name,) = sel.grid
+    return name
+
+
+@dataclass(frozen=True)
+class HeldOutFold:
+    """Candidate `name` in one fold, as the probes of a chosen predictor read it."""
+
+    fm: SampledPredictor  # trained without the fold's families (last checkpoint)
+    memory: CurveSet  # that training's own runs, saved beside its export: recall's memory
+    curves: CurveSet  # the held-out families' train + val curves
+
+
+def held_out_fold(sel: Selection, work: Path, name: str, fold: tuple[str, ...]) -> HeldOutFold:
+    """Candidate `name` in `fold` (trained first if it is not yet)."""
+    fm = fold_predictor(sel, work, name, fold)
+    return HeldOutFold(fm, load_memory(fold_run(work, name, sel.grid[name], fold)[0] / "predictor"),
+                       heldout_curves(sel.frame, fold))
 
 
 def full_predictor(sel: Selection, work: Path, name: str, members: int = 1, replicate: int = 0) -> SampledPredictor:

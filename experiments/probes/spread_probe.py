@@ -42,10 +42,9 @@ import numpy as np
 from experiments.probes.common import probe_parser, save_table
 from experiments.probes.select_predictor import (
     add_grid_flags,
-    fold_memory,
-    fold_predictor,
-    heldout_curves,
+    held_out_fold,
     heldout_queries,
+    only_candidate,
     parse_selection,
 )
 from mara_common.flags import comma_list
@@ -88,19 +87,16 @@ def main(argv: list[str] | None = None) -> Path:
     temps = comma_list(args.temperatures, "--temperatures", float)
     if not temps or min(temps) <= 0 or 1.0 not in temps:
         parser.error("--temperatures: positive factors, 1 among them, comma-separated")
-    if len(sel.grid) != 1:
-        parser.error("name one candidate (one network, epochs, prior, data)")
-    (name,) = sel.grid
+    name = only_candidate(parser, sel)
     held: dict[float, list[dict[str, float]]] = {t: [] for t in temps}
     recalled: dict[float, list[dict[str, float]]] = {t: [] for t in temps}
     for fold in sel.folds:
-        fm = fold_predictor(sel, args.work, name, fold)
-        memory = fold_memory(sel, args.work, name, fold)
-        q = heldout_queries(heldout_curves(sel.frame, fold))
+        part = held_out_fold(sel, args.work, name, fold)
+        q = heldout_queries(part.curves)
         for t in temps:
-            tempered = TemperedFM(fm, t)
+            tempered = TemperedFM(part.fm, t)
             held[t].append(scores(tempered, q))
-            recalled[t].append(scores(RecallPredictor(memory, tempered), q))
+            recalled[t].append(scores(RecallPredictor(part.memory, tempered), q))
             print(f"[spread] fold {'+'.join(fold)} τ {t:g}: FM {held[t][-1]}, recall {recalled[t][-1]}", flush=True)
 
     full = FMPredictor.load(args.fm or sel.profile.paths.predictor)
