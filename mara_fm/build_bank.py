@@ -78,9 +78,6 @@ def plan(cfg: BankConfig, families: dict[str, Family] = FAMILIES) -> list[tuple[
 
 
 def _run_chunk(args: tuple[list[tuple[str, int, str]], BankConfig, str]) -> tuple[str, int]:
-    import torch
-
-    torch.set_num_threads(1)
     chunk, cfg, out = args
     rows = []
     for family, index, split in chunk:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mara_common.threads import torch_threads
 from mara_fm.jobs import DQNJob, LanguageModelJob, SupervisedJob, TrainingJob
 
 DATA_SEED = 1234  # fixed seed of the locally generated datasets (not of the runs)
@@ -62,10 +63,12 @@ class Family:
 
     def run(self, seed: int, cap: int, hyperparameters: tuple[int, float] | None = None) -> dict:
         """One real training run of `cap` batches without a pause; returns a bank row (minus ids).
-        `hyperparameters` as in `job`."""
+        `hyperparameters` as in `job`. It runs on one torch thread: the thread count changes
+        float sums in the last bits, and a run must give its curve whoever calls it."""
         batch_size, lr = hyperparameters or self.hyperparameters(seed)
-        job = self.job(seed, cap, (batch_size, lr))
-        losses = np.array([job.step() for _ in range(cap)])
+        with torch_threads(1):
+            job = self.job(seed, cap, (batch_size, lr))
+            losses = np.array([job.step() for _ in range(cap)])
         if not np.all(np.isfinite(losses)):
             raise RuntimeError(f"family {self.name}: seed {seed} produced a non-finite loss")
         return {

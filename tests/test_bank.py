@@ -1,7 +1,9 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from mara_common.threads import torch_threads
 from mara_fm.bank import BankError, bank_digest, load_bank, save_bank, select
 from mara_fm.build_bank import EVERY_FAMILY, BankConfig, build_bank, plan
 from mara_fm.families import FAMILIES
@@ -60,6 +62,18 @@ def test_runs_are_deterministic_per_seed_and_vary_across_seeds():
     np.testing.assert_array_equal(a["losses"], b["losses"])
     assert (a["batch_size"], a["lr"]) == (b["batch_size"], b["lr"])
     assert not np.array_equal(a["losses"], c["losses"])
+
+
+def test_a_run_gives_its_curve_whatever_thread_count_the_caller_runs_with():
+    """Bank chunks are built in single-threaded workers, probes retrain runs in their own process:
+    unpinned, `mlp_digits` on two threads differs from one thread in the last bits of a batch's loss."""
+    fam = FAMILIES["mlp_digits"]
+    runs = []
+    for threads in (1, 2):
+        with torch_threads(threads):
+            runs.append(fam.run(3, 40)["losses"])
+            assert torch.get_num_threads() == threads  # the caller's setting is left as it was
+    np.testing.assert_array_equal(*runs)
 
 
 def test_build_resumes_without_redoing_finished_chunks(tmp_path):

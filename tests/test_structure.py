@@ -1,4 +1,4 @@
-"""The package layers import one way and hold no import circle."""
+"""The package layers import one way and hold no import circle; thread settings stay scoped."""
 
 from __future__ import annotations
 
@@ -66,3 +66,20 @@ def test_no_function_local_project_imports() -> None:
                         if isinstance(inner, ast.ImportFrom) and (inner.module or "").split(".")[0] in LAYERS:
                             local.append(f"{path.relative_to(PROJECT_ROOT)}:{inner.lineno}")
     assert not local
+
+
+def test_thread_settings_are_entered_with_with() -> None:
+    """`torch_threads(n)` and `blas_threads(n)` are context managers: called as a bare statement
+    they set nothing, and the block runs on however many threads the caller had."""
+    scoped = {"torch_threads", "blas_threads"}
+    bare = []
+    for root in (*LAYERS, "experiments"):
+        for path in (PROJECT_ROOT / root).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            entered = {id(item.context_expr) for node in ast.walk(tree) if isinstance(node, ast.With)
+                       for item in node.items}
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in scoped
+                        and id(node) not in entered):
+                    bare.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}")
+    assert not bare

@@ -93,31 +93,31 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--hold", type=int, default=10, help="the search's decision interval")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    torch_threads(1)
-    profile = Profile.load(args.profile)
-    cfg = told_training_env(profile, args.bank, args.hold)
-    fitted = judged_candidates(cfg, args.episodes, args.seed + 600_000)
-    held = judged_candidates(cfg, args.held_out, args.seed + 700_000)
-    x, y = np.concatenate([f for f, _ in fitted]), np.concatenate([g for _, g in fitted]) > 0
-    model = HistGradientBoostingClassifier(random_state=args.seed).fit(x, y)
-    gains = [g for _, g in held]
-    scores = [model.predict_proba(f)[:, 1] for f, _ in held]
-    flat_y, flat_p = np.concatenate(gains) > 0, np.concatenate(scores)
-    auc = roc_auc_score(flat_y, flat_p) if 0 < flat_y.sum() < len(flat_y) else float("nan")
-    winning = [g[np.argmax(p)] > 0 for p, g in zip(scores, gains, strict=True) if (g > 0).any()]
-    taken = sum(g[np.argmax(p)] for p, g in zip(scores, gains, strict=True) if p.max() >= 0.5)
-    best = sum(max(g.max(), 0) for g in gains)
-    lines = [f"# The told search's candidates, told apart by hand-made features ({profile.name})", "",
-             f"Exhaustive told search, decisions at events (H = {args.hold}); {len(fitted)} judged decisions of "
-             f"{args.episodes} training episodes fitted, {len(held)} of {args.held_out} others held out. "
-             f"Features: {', '.join(FEATURES)}.", "",
-             "| rows fitted | gaining, fitted | rows held out | gaining, held out | ROC AUC, held out "
-             "| top candidate gains where one does | rule's gain / search's gain |",
-             "|---|---|---|---|---|---|---|",
-             f"| {len(y)} | {100 * y.mean():.1f}% | {len(flat_y)} | {100 * flat_y.mean():.1f}% | {auc:.3f} "
-             f"| {100 * np.mean(winning) if winning else float('nan'):.1f}% | {taken:.0f} / {best:.0f} |"]
-    print("\n".join(lines[-3:]), flush=True)
-    return save_table(lines, args.out, table_name("candidate_probe", profile))
+    with torch_threads(1):
+        profile = Profile.load(args.profile)
+        cfg = told_training_env(profile, args.bank, args.hold)
+        fitted = judged_candidates(cfg, args.episodes, args.seed + 600_000)
+        held = judged_candidates(cfg, args.held_out, args.seed + 700_000)
+        x, y = np.concatenate([f for f, _ in fitted]), np.concatenate([g for _, g in fitted]) > 0
+        model = HistGradientBoostingClassifier(random_state=args.seed).fit(x, y)
+        gains = [g for _, g in held]
+        scores = [model.predict_proba(f)[:, 1] for f, _ in held]
+        flat_y, flat_p = np.concatenate(gains) > 0, np.concatenate(scores)
+        auc = roc_auc_score(flat_y, flat_p) if 0 < flat_y.sum() < len(flat_y) else float("nan")
+        winning = [g[np.argmax(p)] > 0 for p, g in zip(scores, gains, strict=True) if (g > 0).any()]
+        taken = sum(g[np.argmax(p)] for p, g in zip(scores, gains, strict=True) if p.max() >= 0.5)
+        best = sum(max(g.max(), 0) for g in gains)
+        lines = [f"# The told search's candidates, told apart by hand-made features ({profile.name})", "",
+                 f"Exhaustive told search, decisions at events (H = {args.hold}); {len(fitted)} judged decisions of "
+                 f"{args.episodes} training episodes fitted, {len(held)} of {args.held_out} others held out. "
+                 f"Features: {', '.join(FEATURES)}.", "",
+                 "| rows fitted | gaining, fitted | rows held out | gaining, held out | ROC AUC, held out "
+                 "| top candidate gains where one does | rule's gain / search's gain |",
+                 "|---|---|---|---|---|---|---|",
+                 f"| {len(y)} | {100 * y.mean():.1f}% | {len(flat_y)} | {100 * flat_y.mean():.1f}% | {auc:.3f} "
+                 f"| {100 * np.mean(winning) if winning else float('nan'):.1f}% | {taken:.0f} / {best:.0f} |"]
+        print("\n".join(lines[-3:]), flush=True)
+        return save_table(lines, args.out, table_name("candidate_probe", profile))
 
 
 if __name__ == "__main__":

@@ -37,29 +37,29 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seeds", default="1,2,3", help="the drawn searches' seeds, comma-separated")
     parser.add_argument("--hold", type=int, default=10, help="decision interval")
     args = parser.parse_args(argv)
-    torch_threads(1)
-    profile = Profile.load(args.profile)
-    cfg = told_training_env(profile, args.bank, args.hold)
-    seed = 800_000  # the episodes, the same for every labeller
-    teacher = demonstrations(cfg, TEACHER, args.episodes, seed).actions.numpy()
-    labels = {}
-    for name, count, draw in [*((f"seed {s}", 3, s) for s in comma_list(args.seeds, "--seeds", int)), ("all", None, 0)]:
-        labels[name] = demonstrations(cfg, told_search(count, draw), args.episodes, seed,
-                                      driver=blind_teacher(TEACHER, {})).actions.numpy()
-    leaves = {name: ~np.all(a == teacher, axis=1) for name, a in labels.items()}
-    lines = [f"# How much the told search's labels are its draw's ({profile.name})", "",
-             f"{len(teacher)} states of {args.episodes} training episodes played by the told teacher (decisions at "
-             f"events, H = {args.hold}). " + ", ".join(f"{n} leaves the teacher at {100 * v.mean():.1f}%"
-                                                       for n, v in leaves.items()) + ".", "",
-             "| first | second | first leaves the teacher | second leaves it too | to the same joint action |",
-             "|---|---|---|---|---|"]
-    for a, b in itertools.permutations(labels, 2):
-        rows = leaves[a]
-        too, same = ((leaves[b][rows].mean(), np.all(labels[a][rows] == labels[b][rows], axis=1).mean())
-                     if rows.any() else (float("nan"), float("nan")))
-        lines.append(f"| {a} | {b} | {rows.sum()} | {100 * too:.1f}% | {100 * same:.1f}% |")
-    print("\n".join(lines), flush=True)
-    return save_table(lines, args.out, table_name("draw_probe", profile))
+    with torch_threads(1):
+        profile = Profile.load(args.profile)
+        cfg = told_training_env(profile, args.bank, args.hold)
+        seed = 800_000  # the episodes, the same for every labeller
+        teacher = demonstrations(cfg, TEACHER, args.episodes, seed).actions.numpy()
+        labels = {}
+        for name, count, draw in [*((f"seed {s}", 3, s) for s in comma_list(args.seeds, "--seeds", int)), ("all", None, 0)]:
+            labels[name] = demonstrations(cfg, told_search(count, draw), args.episodes, seed,
+                                          driver=blind_teacher(TEACHER, {})).actions.numpy()
+        leaves = {name: ~np.all(a == teacher, axis=1) for name, a in labels.items()}
+        lines = [f"# How much the told search's labels are its draw's ({profile.name})", "",
+                 f"{len(teacher)} states of {args.episodes} training episodes played by the told teacher (decisions at "
+                 f"events, H = {args.hold}). " + ", ".join(f"{n} leaves the teacher at {100 * v.mean():.1f}%"
+                                                           for n, v in leaves.items()) + ".", "",
+                 "| first | second | first leaves the teacher | second leaves it too | to the same joint action |",
+                 "|---|---|---|---|---|"]
+        for a, b in itertools.permutations(labels, 2):
+            rows = leaves[a]
+            too, same = ((leaves[b][rows].mean(), np.all(labels[a][rows] == labels[b][rows], axis=1).mean())
+                         if rows.any() else (float("nan"), float("nan")))
+            lines.append(f"| {a} | {b} | {rows.sum()} | {100 * too:.1f}% | {100 * same:.1f}% |")
+        print("\n".join(lines), flush=True)
+        return save_table(lines, args.out, table_name("draw_probe", profile))
 
 
 if __name__ == "__main__":

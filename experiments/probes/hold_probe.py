@@ -39,20 +39,20 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--intervals", default="10,20", help="decision intervals H, comma-separated")
     parser.add_argument("--episodes", type=int, help="validation episodes (default: the profile's eval_episodes)")
     args = parser.parse_args(argv)
-    torch_threads(1)
-    profile = Profile.load(args.profile)
-    env, episodes = trainer_val_episodes(profile, args.bank or profile.paths.bank, args.fm, args.episodes)
-    intervals = [None, *comma_list(args.intervals, "--intervals", int)]
-    lines = [f"# Rules deciding at events ({len(episodes)} ID val episodes of the trainer, profile {profile.name})",
-             "", "Success %; `every step` is the rule as evaluated, `H` its decisions held up to H steps.", "",
-             "| rule | every step | " + " | ".join(f"H = {h}" for h in intervals[1:]) + " |",
-             "|---|" + "---|" * len(intervals)]
-    for rule in RULES:
-        rates = [success(dataclasses.replace(env, decision_interval=h), episodes, env.predictor, rule)
-                 for h in intervals]
-        lines.append(f"| {rule} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
-        print(lines[-1], flush=True)
-    return save_table(lines, args.out, table_name("hold_probe", profile))
+    with torch_threads(1):
+        profile = Profile.load(args.profile)
+        env, episodes = trainer_val_episodes(profile, args.bank or profile.paths.bank, args.fm, args.episodes)
+        intervals = [None, *comma_list(args.intervals, "--intervals", int)]
+        lines = [f"# Rules deciding at events ({len(episodes)} ID val episodes of the trainer, profile {profile.name})",
+                 "", "Success %; `every step` is the rule as evaluated, `H` its decisions held up to H steps.", "",
+                 "| rule | every step | " + " | ".join(f"H = {h}" for h in intervals[1:]) + " |",
+                 "|---|" + "---|" * len(intervals)]
+        for rule in RULES:
+            rates = [success(dataclasses.replace(env, decision_interval=h), episodes, env.predictor, rule)
+                     for h in intervals]
+            lines.append(f"| {rule} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
+            print(lines[-1], flush=True)
+        return save_table(lines, args.out, table_name("hold_probe", profile))
 
 
 if __name__ == "__main__":

@@ -215,31 +215,31 @@ def main(argv: list[str] | None = None) -> Path:
                         "label set alone for these epoch counts (e.g. 20,100,300), see above")
     args = parser.parse_args(argv)
     args.memorise = comma_list(args.memorise, "--memorise", int)
-    torch_threads(1)
-    profile = Profile.load(args.profile)
-    if args.policy and args.memorise:
-        return save_table(memorise(profile, args), args.out, "rollout_memorise.md")
-    if args.policy:
-        return save_table(fit(profile, args), args.out, "rollout_fit.md")
-    fm = (args.fm or profile.paths.predictor).resolve()
-    cfg = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), split="val", task_set="id",
-                          predictor=f"fm:{fm}", decision_interval=args.interval)
-    episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
-    lines = [f"# Rollout probe ({len(episodes)} ID val episodes, decisions at events, interval {args.interval})",
-             "",
-             f"At {args.share:.0%} of the contended states the teacher (`lara_optimistic` on FM) reaches, its "
-             f"action against up to {args.alternatives} alternatives, each judged by a paired rollout to the "
-             "episode's end (the teacher deciding after it).",
-             "",
-             "| candidates | states judged | a candidate beats the teacher | mean gain (successes) "
-             "| candidates worse than the teacher |",
-             "|---|---|---|---|---|"]
-    for kind in KINDS:
-        row = measure(cfg, episodes, kind, args.share, args.alternatives, args.seed)
-        print(kind, row, flush=True)
-        lines.append(f"| {kind} | {row['states']} | {100 * row['improved']:.1f}% | {row['gain']:.3f} "
-                     f"| {100 * row['worse']:.1f}% |")
-    return save_table(lines, args.out, "rollout_probe.md")
+    with torch_threads(1):
+        profile = Profile.load(args.profile)
+        if args.policy and args.memorise:
+            return save_table(memorise(profile, args), args.out, "rollout_memorise.md")
+        if args.policy:
+            return save_table(fit(profile, args), args.out, "rollout_fit.md")
+        fm = (args.fm or profile.paths.predictor).resolve()
+        cfg = profile.section(EnvConfig, "env", bank=str(args.bank or profile.paths.bank), split="val", task_set="id",
+                              predictor=f"fm:{fm}", decision_interval=args.interval)
+        episodes = pooled_episodes(cfg, args.roots, args.episodes_per_root)
+        lines = [f"# Rollout probe ({len(episodes)} ID val episodes, decisions at events, interval {args.interval})",
+                 "",
+                 f"At {args.share:.0%} of the contended states the teacher (`lara_optimistic` on FM) reaches, its "
+                 f"action against up to {args.alternatives} alternatives, each judged by a paired rollout to the "
+                 "episode's end (the teacher deciding after it).",
+                 "",
+                 "| candidates | states judged | a candidate beats the teacher | mean gain (successes) "
+                 "| candidates worse than the teacher |",
+                 "|---|---|---|---|---|"]
+        for kind in KINDS:
+            row = measure(cfg, episodes, kind, args.share, args.alternatives, args.seed)
+            print(kind, row, flush=True)
+            lines.append(f"| {kind} | {row['states']} | {100 * row['improved']:.1f}% | {row['gain']:.3f} "
+                         f"| {100 * row['worse']:.1f}% |")
+        return save_table(lines, args.out, "rollout_probe.md")
 
 
 if __name__ == "__main__":

@@ -112,68 +112,68 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error("--weight must be >= 1")
     if args.dagger_rounds and args.persist_drops:
         parser.error("--dagger-rounds: the search labels states it did not reach; give --no-persist-drops")
-    torch_threads(1)
-    profile = Profile.load(args.profile)
-    module, env = policy_training_env(profile, args)
-    if env.rule_hint is None:
-        raise ConfigError(f"{args.policy}: the probe needs a MAT trained with --rule-hint")
-    cfg = scheduler_config(profile)
+    with torch_threads(1):
+        profile = Profile.load(args.profile)
+        module, env = policy_training_env(profile, args)
+        if env.rule_hint is None:
+            raise ConfigError(f"{args.policy}: the probe needs a MAT trained with --rule-hint")
+        cfg = scheduler_config(profile)
 
-    def labels(count: int, offset: int, driver: BatchDecide | None = None) -> Demonstrations:
-        search = told_search(args.alternatives, args.seed + offset, args.persist_drops)
-        demos = demonstrations(env, search, count, args.seed + 200_000 + offset, driver=driver)
-        return demos.rows(takeable(module, demos))
+        def labels(count: int, offset: int, driver: BatchDecide | None = None) -> Demonstrations:
+            search = told_search(args.alternatives, args.seed + offset, args.persist_drops)
+            demos = demonstrations(env, search, count, args.seed + 200_000 + offset, driver=driver)
+            return demos.rows(takeable(module, demos))
 
-    held = labels(args.held_out, 100_000)
-    stages = comma_list(args.epochs, "--epochs", int)
+        held = labels(args.held_out, 100_000)
+        stages = comma_list(args.epochs, "--epochs", int)
 
-    best = -1.0
+        best = -1.0
 
-    def report(stage: str, epochs: int, fitted: Demonstrations, fit: MATModule) -> None:
-        nonlocal best
-        (dev_f, on_f, _), (dev_h, on_h, off_h) = taken(fit, fitted), taken(fit, held)
-        score = evaluate_policy(fit, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
-        if args.export and score > best:
-            best = score
-            export_policy(fit, args.export, env)
-            (args.export / "stage.txt").write_text(f"{stage} {100 * score:.2f}\n")
-        share = [f"{100 * x:.1f}%" if x == x else "n/a" for x in (dev_f, dev_h, on_f, on_h, off_h)]
-        lines.append(f"| {stage} | {epochs} | {len(fitted)} | {share[0]} / {share[1]} | {share[2]} | {share[3]} "
-                     f"| {share[4]} | {100 * score:.2f} |")
-        print(lines[-1], flush=True)
+        def report(stage: str, epochs: int, fitted: Demonstrations, fit: MATModule) -> None:
+            nonlocal best
+            (dev_f, on_f, _), (dev_h, on_h, off_h) = taken(fit, fitted), taken(fit, held)
+            score = evaluate_policy(fit, env, cfg.eval_episodes, cfg.eval_seed)["success_rate"]
+            if args.export and score > best:
+                best = score
+                export_policy(fit, args.export, env)
+                (args.export / "stage.txt").write_text(f"{stage} {100 * score:.2f}\n")
+            share = [f"{100 * x:.1f}%" if x == x else "n/a" for x in (dev_f, dev_h, on_f, on_h, off_h)]
+            lines.append(f"| {stage} | {epochs} | {len(fitted)} | {share[0]} / {share[1]} | {share[2]} | {share[3]} "
+                         f"| {share[4]} | {100 * score:.2f} |")
+            print(lines[-1], flush=True)
 
-    drops = "held to the episode's end" if args.persist_drops else "for one decision"
-    lines = [f"# Cloning the told search ({args.policy})", "",
-             f"{len(held)} rows of {args.held_out} episodes held out; the search's drops {drops}; rows where it "
-             f"leaves the hint weighed {args.weight} times in a fit. Taken: the share of rows where the MAT's "
-             "greedy joint action is the search's, where the search leaves the hint / elsewhere. A DAgger round "
-             f"(`dN`) adds the rows of {args.dagger_episodes} episodes the MAT played; a stage `nS` is a fresh "
-             "copy of the MAT fitted on the rows of S episodes.", "",
-             "| stage | epochs | rows fitted | search leaves the hint (fitted / held out) | taken there, fitted "
-             "| taken there, held out | taken elsewhere, held out | validation % |",
-             "|---|---|---|---|---|---|---|---|"]
-    if sizes:
-        fitted = labels(sizes[0], 0)
-        for k, size in enumerate(sizes):
-            if k:
-                fitted = fitted + labels(size - sizes[k - 1], 400_000 + sizes[k - 1])
-            fit = copy.deepcopy(module)
-            imitate(fit, weighted(fitted, args.weight), sum(stages), cfg.imitation_lr, args.seed)
-            report(f"n{size}", sum(stages), fitted, fit)
-    else:
-        fitted = labels(args.episodes, 0)
-        plan = [("bc", 0), *(("bc", e) for e in stages),
-                *((f"d{r}", stages[-1]) for r in range(1, args.dagger_rounds + 1))]
-        total = 0
-        for step, (stage, epochs) in enumerate(plan):
-            if stage != "bc":
-                fitted = fitted + labels(args.dagger_episodes, 300_000 + 1000 * step,
-                                         lambda obs, envs: act(module, obs))
-            if epochs:
-                imitate(module, weighted(fitted, args.weight), epochs, cfg.imitation_lr, args.seed + step)
-            total += epochs
-            report(stage, total, fitted, module)
-    return save_table(lines, args.out, "search_clone_probe.md")
+        drops = "held to the episode's end" if args.persist_drops else "for one decision"
+        lines = [f"# Cloning the told search ({args.policy})", "",
+                 f"{len(held)} rows of {args.held_out} episodes held out; the search's drops {drops}; rows where it "
+                 f"leaves the hint weighed {args.weight} times in a fit. Taken: the share of rows where the MAT's "
+                 "greedy joint action is the search's, where the search leaves the hint / elsewhere. A DAgger round "
+                 f"(`dN`) adds the rows of {args.dagger_episodes} episodes the MAT played; a stage `nS` is a fresh "
+                 "copy of the MAT fitted on the rows of S episodes.", "",
+                 "| stage | epochs | rows fitted | search leaves the hint (fitted / held out) | taken there, fitted "
+                 "| taken there, held out | taken elsewhere, held out | validation % |",
+                 "|---|---|---|---|---|---|---|---|"]
+        if sizes:
+            fitted = labels(sizes[0], 0)
+            for k, size in enumerate(sizes):
+                if k:
+                    fitted = fitted + labels(size - sizes[k - 1], 400_000 + sizes[k - 1])
+                fit = copy.deepcopy(module)
+                imitate(fit, weighted(fitted, args.weight), sum(stages), cfg.imitation_lr, args.seed)
+                report(f"n{size}", sum(stages), fitted, fit)
+        else:
+            fitted = labels(args.episodes, 0)
+            plan = [("bc", 0), *(("bc", e) for e in stages),
+                    *((f"d{r}", stages[-1]) for r in range(1, args.dagger_rounds + 1))]
+            total = 0
+            for step, (stage, epochs) in enumerate(plan):
+                if stage != "bc":
+                    fitted = fitted + labels(args.dagger_episodes, 300_000 + 1000 * step,
+                                             lambda obs, envs: act(module, obs))
+                if epochs:
+                    imitate(module, weighted(fitted, args.weight), epochs, cfg.imitation_lr, args.seed + step)
+                total += epochs
+                report(stage, total, fitted, module)
+        return save_table(lines, args.out, "search_clone_probe.md")
 
 
 if __name__ == "__main__":

@@ -101,43 +101,43 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--episodes", type=int, help="validation episodes of the scheduling part "
                         "(default: the profile's eval_episodes)")
     args = parser.parse_args(argv)
-    torch_threads(1)
-    profile = Profile.load(args.profile)
-    cfg = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
-    env = training_env(cfg, profile, args.bank or profile.paths.bank)
-    env = dataclasses.replace(env, burst_prob=0.0, trend_window=args.trend_window, critic_features=True,
-                              probe_points=args.probe_points or env.probe_points)
-    features = feature_sets(env)
-    val = dataclasses.replace(env, split="val")
-    x_train, y_train = judged_rows(env, args.train_episodes, TRAIN_SEED)
-    x_val, y_val = judged_rows(val, args.val_episodes, cfg.eval_seed)
-    lines = [f"# What the trend tells (profile {profile.name}, W = {args.trend_window})", "",
-             f"Judged tasks under the teacher: {len(x_train)} rows of {args.train_episodes} ID train episodes fit "
-             f"the classifier, {len(x_val)} rows of {args.val_episodes} ID val episodes score it "
-             f"({100 * y_val.mean():.1f}% finishable). Rule: the teacher's own call, optimistic demand ≤ time left.",
-             "", "| features | AUC | log loss | accuracy |", "|---|---|---|---|",
-             f"| teacher's rule | — | — | {100 * np.mean((x_val[:, OPTIMISTIC_COLUMN] <= x_val[:, 2]) == y_val):.2f} |"]
-    models = {}
-    for name, columns in features.items():
-        models[name] = HistGradientBoostingClassifier(max_iter=200, random_state=0).fit(x_train[:, columns], y_train)
-        p = models[name].predict_proba(x_val[:, columns])[:, 1]
-        lines.append(f"| {name} | {roc_auc_score(y_val, p):.4f} | {log_loss(y_val, p):.4f} | "
-                     f"{100 * np.mean((p > 0.5) == y_val):.2f} |")
-        print(lines[-1], flush=True)
-    episodes = sample_episodes(val, args.episodes or cfg.eval_episodes, cfg.eval_seed)
+    with torch_threads(1):
+        profile = Profile.load(args.profile)
+        cfg = scheduler_config(profile, predictor="fm", fm_path=str(args.fm) if args.fm else None)
+        env = training_env(cfg, profile, args.bank or profile.paths.bank)
+        env = dataclasses.replace(env, burst_prob=0.0, trend_window=args.trend_window, critic_features=True,
+                                  probe_points=args.probe_points or env.probe_points)
+        features = feature_sets(env)
+        val = dataclasses.replace(env, split="val")
+        x_train, y_train = judged_rows(env, args.train_episodes, TRAIN_SEED)
+        x_val, y_val = judged_rows(val, args.val_episodes, cfg.eval_seed)
+        lines = [f"# What the trend tells (profile {profile.name}, W = {args.trend_window})", "",
+                 f"Judged tasks under the teacher: {len(x_train)} rows of {args.train_episodes} ID train episodes fit "
+                 f"the classifier, {len(x_val)} rows of {args.val_episodes} ID val episodes score it "
+                 f"({100 * y_val.mean():.1f}% finishable). Rule: the teacher's own call, optimistic demand ≤ time left.",
+                 "", "| features | AUC | log loss | accuracy |", "|---|---|---|---|",
+                 f"| teacher's rule | — | — | {100 * np.mean((x_val[:, OPTIMISTIC_COLUMN] <= x_val[:, 2]) == y_val):.2f} |"]
+        models = {}
+        for name, columns in features.items():
+            models[name] = HistGradientBoostingClassifier(max_iter=200, random_state=0).fit(x_train[:, columns], y_train)
+            p = models[name].predict_proba(x_val[:, columns])[:, 1]
+            lines.append(f"| {name} | {roc_auc_score(y_val, p):.4f} | {log_loss(y_val, p):.4f} | "
+                         f"{100 * np.mean((p > 0.5) == y_val):.2f} |")
+            print(lines[-1], flush=True)
+        episodes = sample_episodes(val, args.episodes or cfg.eval_episodes, cfg.eval_seed)
 
-    def rate(decide: BatchDecide) -> float:
-        return 100 * float(np.mean([o["success_rate"] for o in replay_in_lockstep(val, episodes, decide)]))
+        def rate(decide: BatchDecide) -> float:
+            return 100 * float(np.mean([o["success_rate"] for o in replay_in_lockstep(val, episodes, decide)]))
 
-    taus = comma_list(args.taus, "--taus", float)
-    lines += ["", f"The teacher with the classifier's call, success % on the trainer's {len(episodes)} ID val "
-              f"episodes (the teacher alone: {rate(classic('lara_optimistic')()):.2f}):", "",
-              "| features | " + " | ".join(f"τ = {t:g}" for t in taus) + " |", "|---|" + "---|" * len(taus)]
-    for name, columns in features.items():
-        lines.append(f"| {name} | " + " | ".join(f"{rate(teacher_with(models[name], columns, t)):.2f}"
-                                                for t in taus) + " |")
-        print(lines[-1], flush=True)
-    return save_table(lines, args.out, "trend_probe.md")
+        taus = comma_list(args.taus, "--taus", float)
+        lines += ["", f"The teacher with the classifier's call, success % on the trainer's {len(episodes)} ID val "
+                  f"episodes (the teacher alone: {rate(classic('lara_optimistic')()):.2f}):", "",
+                  "| features | " + " | ".join(f"τ = {t:g}" for t in taus) + " |", "|---|" + "---|" * len(taus)]
+        for name, columns in features.items():
+            lines.append(f"| {name} | " + " | ".join(f"{rate(teacher_with(models[name], columns, t)):.2f}"
+                                                    for t in taus) + " |")
+            print(lines[-1], flush=True)
+        return save_table(lines, args.out, "trend_probe.md")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ import pandas as pd
 
 from experiments.probes.common import probe_parser, save_table
 from mara_common.profile import Profile
-from mara_common.threads import torch_threads
 from mara_fm.bank import load_bank
 from mara_fm.build_bank import EVERY_FAMILY, curve_seed, ensure_history_bank
 from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
@@ -58,20 +57,15 @@ def twin_losses(family: str, seed: int, batch_size: int, lr: float, cap: int) ->
     return EVERY_FAMILY[family].run(seed, cap, (batch_size, lr))["losses"]
 
 
-def _twin(args: tuple[str, int, int, float, int]) -> np.ndarray:
-    with torch_threads(1):
-        return twin_losses(*args)
-
-
 def train_twins(curves: pd.DataFrame, twins: int, cap: int, workers: int) -> np.ndarray:
     """(n curves, twins, cap) cumulative averages of every curve's twins, in `curves`' row order."""
     jobs = [(row.family, curve_seed(TWIN_ROOT + r, row.family, int(row.seed)), int(row.batch_size), float(row.lr),
              cap) for row in curves.itertuples() for r in range(twins)]
     if workers == 1:
-        losses = np.stack([_twin(job) for job in jobs])
+        losses = np.stack([twin_losses(*job) for job in jobs])
     else:
         with mp.get_context("spawn").Pool(workers) as pool:
-            losses = np.stack(pool.map(_twin, jobs, chunksize=4))
+            losses = np.stack(pool.starmap(twin_losses, jobs, chunksize=4))
     avg = np.cumsum(losses, axis=1) / np.arange(1, cap + 1)
     return avg.reshape(len(curves), twins, cap)
 
