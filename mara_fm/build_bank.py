@@ -32,6 +32,7 @@ SLOWEST = ("gru_charlm", "vit_digits", "lstm_adding", "tfm_charlm", "gcn_blocks"
 EVERY_FAMILY = {**FAMILIES, **WIDE_FAMILIES}  # of both banks, by name
 
 CHUNK = 10
+MANIFEST = "config.json"  # in <bank>.parts/: the config the chunks were built with
 SPLIT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
 
 
@@ -47,6 +48,23 @@ class BankConfig:
 
     def __post_init__(self) -> None:
         check_config(self)
+
+
+def _recorded(cfg: BankConfig) -> dict:
+    """What decides a bank's curves (the worker count does not)."""
+    return {k: v for k, v in asdict(cfg).items() if k != "workers"}
+
+
+def check_built_with(cfg: BankConfig, path: Path) -> None:
+    """Refuse a bank (or the chunks of an unfinished one) that `<bank>.parts/config.json` records
+    as built with another config than `cfg`: edited profile settings must not be served the old
+    curves. A bank without that record (copied alone) is taken as it is."""
+    manifest = path.with_suffix(".parts") / MANIFEST
+    if manifest.exists() and json.loads(manifest.read_text()) != _recorded(cfg):
+        raise ConfigError(
+            f"{path} was built with another config ({manifest.read_text().strip()}) than the one asked "
+            f"for ({json.dumps(_recorded(cfg))}); rebuild it with `mara curves --fresh`, or give another --out"
+        )
 
 
 def curve_seed(root: int, family: str, index: int) -> int:
@@ -97,14 +115,8 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: 
     if fresh:
         shutil.rmtree(parts, ignore_errors=True)
     parts.mkdir(parents=True, exist_ok=True)
-    manifest = parts / "config.json"
-    stored = {k: v for k, v in asdict(cfg).items() if k != "workers"}
-    if manifest.exists() and json.loads(manifest.read_text()) != stored:
-        raise ValueError(
-            f"{parts} holds chunks of a bank built with another config "
-            f"({manifest.read_text().strip()}); rebuild with `mara curves --fresh`, or choose another --out"
-        )
-    manifest.write_text(json.dumps(stored))
+    check_built_with(cfg, path)
+    (parts / MANIFEST).write_text(json.dumps(_recorded(cfg)))
 
     jobs = plan(cfg, families)
     chunks: list[tuple[list, BankConfig, str]] = []
@@ -140,8 +152,12 @@ def build_bank(cfg: BankConfig, path: str | Path, progress: bool = True, fresh: 
 
 def ensure_bank(cfg: BankConfig, path: str | Path, progress: bool = True,
                 families: dict[str, Family] = FAMILIES) -> Path:
+    """The bank at `path`, built first if missing; one built with another config is refused."""
     path = Path(path)
-    return path if path.exists() else build_bank(cfg, path, progress, families=families)
+    if not path.exists():
+        return build_bank(cfg, path, progress, families=families)
+    check_built_with(cfg, path)
+    return path
 
 
 BANKS = ("main", "wide", "history")

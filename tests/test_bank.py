@@ -1,11 +1,14 @@
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from mara_common.config import ConfigError
 from mara_common.threads import torch_threads
 from mara_fm.bank import BankError, bank_digest, load_bank, save_bank, select
-from mara_fm.build_bank import EVERY_FAMILY, BankConfig, build_bank, plan
+from mara_fm.build_bank import EVERY_FAMILY, BankConfig, build_bank, ensure_bank, plan
 from mara_fm.families import FAMILIES
 from mara_fm.wide_families import WIDE_FAMILIES
 
@@ -96,6 +99,10 @@ def test_build_resumes_without_redoing_finished_chunks(tmp_path):
         build_bank(other, path, progress=False)
     build_bank(other, path, progress=False, fresh=True)
     assert not load_bank(path)["losses"].map(tuple).equals(first["losses"].map(tuple))
+    # A finished bank is served only to the config it was built with (not its worker count).
+    assert ensure_bank(dataclasses.replace(other, workers=2), path, progress=False) == path
+    with pytest.raises(ConfigError, match=r"b\.parquet was built with another config.*--fresh"):
+        ensure_bank(cfg, path, progress=False)
 
 
 def test_save_bank_rejects_bad_frames(smoke_bank, tmp_path):
