@@ -63,7 +63,8 @@ def check_built_with(cfg: BankConfig, path: Path) -> None:
     if manifest.exists() and json.loads(manifest.read_text()) != _recorded(cfg):
         raise ConfigError(
             f"{path} was built with another config ({manifest.read_text().strip()}) than the one asked "
-            f"for ({json.dumps(_recorded(cfg))}); rebuild it with `mara curves --fresh`, or give another --out"
+            f"for ({json.dumps(_recorded(cfg))}); rebuild it with `mara curves --fresh` (`--wide` or `--history` for "
+            "those banks), or give another --out"
         )
 
 
