@@ -28,7 +28,7 @@ from tqdm import tqdm
 from mara_common.config import ConfigError
 from mara_common.profile import Profile
 from mara_env.env import EnvConfig
-from mara_fm.build_bank import BankConfig, ensure_bank, ensure_history_bank
+from mara_fm.build_bank import BankConfig, check_built_with, ensure_bank, ensure_history_bank
 from mara_fm.eval_predictor import evaluated_predictors, run_eval
 from mara_fm.fm_model import PredictorConfig
 from mara_fm.predictors.recall import MEMORY_FILE, has_memory
@@ -206,6 +206,13 @@ def timeline_stage(profile: Profile, cfg: PipelineConfig, policies: dict[tuple[s
     return Stage("timeline", out, run, (paths.bank, paths.predictor / "config.json", *policies.values()))
 
 
+def bank_stage(profile: Profile) -> Stage:
+    """The profile's curve bank: an existing one built with other `[bank]` settings stops the
+    pipeline (`check_built_with`) instead of feeding every later stage its old curves."""
+    cfg, path = profile.section(BankConfig, "bank"), profile.paths.bank
+    return Stage("bank", path, lambda: ensure_bank(cfg, path), check=lambda: check_built_with(cfg, path))
+
+
 def predictor_eval_stage(profile: Profile) -> Stage:
     """FM, recall and WLS on the test curves, and the history predictor where the profile has
     a `[history_bank]`: an evaluation made before it scored all of them is made again."""
@@ -250,7 +257,7 @@ def reproduce(profile: Profile, cfg: PipelineConfig | None = None, progress: boo
     banks = (paths.bank, paths.wide_bank) if profile.section(PredictorConfig, "predictor").wide_families \
         else (paths.bank,)
     stages = [
-        Stage("bank", paths.bank, lambda: ensure_bank(profile.section(BankConfig, "bank"), paths.bank)),
+        bank_stage(profile),
         # The memory is written last: an export from before the recall predictor is completed.
         Stage("predictor", paths.predictor / MEMORY_FILE,
               lambda: train_predictor(profile, paths.bank, paths.predictor_run), banks),

@@ -34,6 +34,7 @@ from mara_rl.methods import BUILTIN, VARIANTS, Method, builtin_methods, classic,
 from mara_rl.pipeline import (
     PipelineConfig,
     Stage,
+    bank_stage,
     evaluate_all,
     evaluation_stages,
     predictor_eval_stage,
@@ -425,6 +426,25 @@ def test_a_finished_scheduler_with_other_settings_stops_the_pipeline(tmp_path: P
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
         profile.paths.bank.unlink(missing_ok=True)
+
+
+def test_a_bank_built_with_other_settings_stops_the_pipeline(tmp_path: Path, smoke_bank: Path) -> None:
+    """Its `[bank]` edited, a profile is not served the bank built before: the bank stage names it."""
+    path = tmp_path / f"stale_bank_{os.getpid()}.toml"  # its bank goes to data/banks/<stem>.parquet
+    path.write_text((PROFILE_DIR / "smoke.toml").read_text())
+    stage = bank_stage(Profile.load(path))
+    parts = stage.output.with_suffix(".parts")
+    try:
+        shutil.copyfile(smoke_bank, stage.output)
+        shutil.copytree(smoke_bank.with_suffix(".parts"), parts)
+        assert stage.done()  # built with these settings: reused
+        path.write_text((PROFILE_DIR / "smoke.toml").read_text().replace("curves_per_id_family = 6",
+                                                                           "curves_per_id_family = 7", 1))
+        with pytest.raises(ConfigError, match=r"stale_bank_\d+\.parquet was built with another config.*--fresh"):
+            bank_stage(Profile.load(path)).done()
+    finally:
+        stage.output.unlink(missing_ok=True)
+        shutil.rmtree(parts, ignore_errors=True)
 
 
 def test_an_evaluation_missing_a_method_is_run_again(tmp_path: Path) -> None:
