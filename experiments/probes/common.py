@@ -13,6 +13,7 @@ from mara_common.profile import Profile
 from mara_env.env import EnvConfig, sample_episodes
 from mara_env.vector import replay_in_lockstep
 from mara_env.workload import Episode
+from mara_fm.eval_predictor import Queries, score
 from mara_fm.predictors import Predictor
 from mara_rl.methods import classic
 from mara_rl.scheduler_config import scheduler_config, training_env
@@ -80,6 +81,11 @@ def save_table(lines: list[str], out: Path, name: str) -> Path:
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def capped_mae(predictor: Predictor, q: Queries) -> float:
+    """`predictor`'s capped MAE on the evaluation's queries `q` (eval_predictor.py)."""
+    return score(predictor.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
 
 
 def success(cfg: EnvConfig, episodes: list[Episode], predictor: str | Predictor,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import probe_parser, save_table, success
+from experiments.probes.common import capped_mae, probe_parser, save_table, success
 from experiments.probes.recall_probe import floats, gate_scores
 from experiments.probes.select_predictor import (
     HeldOutFold,
@@ -51,7 +51,7 @@ from experiments.probes.unseen_families_probe import heldout_bank
 from mara_common.threads import torch_threads
 from mara_env.env import EnvConfig
 from mara_fm.bank import CurveSet, load_bank
-from mara_fm.eval_predictor import make_queries, reference_curves, score
+from mara_fm.eval_predictor import make_queries, reference_curves
 from mara_fm.fm_data import split_curves
 from mara_fm.predictors import FMPredictor, RecallPredictor, WLSPredictor
 from mara_fm.predictors.recall import RecallConfig, load_memory
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> Path:
     q = make_queries(val, reference_curves(val, train))
     fm, memory = FMPredictor.load(fm_dir), load_memory(fm_dir)
     known = [mae for mae, _ in gate_scores(memory, fm, q, gates)]
-    base = score(WLSPredictor().remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
-    fm_known = score(fm.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
+    base = capped_mae(WLSPredictor(), q)
+    fm_known = capped_mae(fm, q)
 
     unseen, answered, fm_unseen = [], [], []
     parts = {fold: held_out_fold(sel, args.work, name, fold) for fold in sel.folds}
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> Path:
         scored = gate_scores(part.memory, part.fm, fq, gates)
         unseen.append([mae for mae, _ in scored])
         answered.append([share for _, share in scored])
-        fm_unseen.append(score(part.fm.remaining_batches(fq.hist, fq.eps, fq.horizon), fq)["capped_mae"])
+        fm_unseen.append(capped_mae(part.fm, fq))
         print(f"[recall folds] {'+'.join(fold)}: FM {fm_unseen[-1]:.2f}, recall {min(unseen[-1]):.2f} to "
               f"{max(unseen[-1]):.2f} over the gates", flush=True)
     unseen_mae, share = np.mean(unseen, axis=0), np.mean(answered, axis=0)

@@ -27,7 +27,7 @@ import itertools
 
 import numpy as np
 
-from experiments.probes.common import probe_parser, save_table
+from experiments.probes.common import capped_mae, probe_parser, save_table
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     weights = np.array([n for n, _ in folds]) / len(q)
     unseen = [tuple(float(np.dot(weights, [f[g][i] for _, f in folds])) for i in range(2))
               for g in range(len(gates))]
-    base = score(WLSPredictor().remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
-    fm_mae = score(fm.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"]
+    base = capped_mae(WLSPredictor(), q)
+    fm_mae = capped_mae(fm, q)
     table = [(s, d, *known[g], *unseen[g]) for g, (s, d) in enumerate(pairs)]
     best = min(range(len(table)), key=lambda g: (table[g][2] + table[g][4]) / 2)
     lines = [f"ID val ({len(val)} curves, {len(q)} queries; WLS capped MAE {base:.2f}, FM "

@@ -78,12 +78,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.probes.common import probe_parser, save_table
+from experiments.probes.common import capped_mae, probe_parser, save_table
 from mara_common.flags import comma_list
 from mara_common.profile import Profile
 from mara_fm.bank import CurveSet, load_bank
 from mara_fm.build_bank import ensure_wide_bank
-from mara_fm.eval_predictor import Queries, make_queries, reference_curves, score
+from mara_fm.eval_predictor import Queries, make_queries, reference_curves
 from mara_fm.fm_data import split_curves
 from mara_fm.fm_model import FlowModel, PredictorConfig
 from mara_fm.predictors import FMPredictor, SampledPredictor
@@ -194,11 +194,6 @@ def heldout_curves(frame: pd.DataFrame, fold: tuple[str, ...]) -> CurveSet:
 def heldout_queries(curves: CurveSet) -> Queries:
     """The project's evaluation queries (eval_predictor.py) on a fold's held-out `curves`."""
     return make_queries(curves, reference_curves(curves, None))
-
-
-def heldout_mae(predictor: SampledPredictor, queries: Queries) -> float:
-    """Capped MAE on held-out `queries`."""
-    return score(predictor.remaining_batches(queries.hist, queries.eps, queries.horizon), queries)["capped_mae"]
 
 
 def fold_run(work: Path, name: str, overrides: dict[str, Any], fold: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
@@ -351,7 +346,7 @@ def main(argv: list[str] | None = None) -> Path:
         cfg = sel.profile.section(PredictorConfig, "predictor", **overrides)
         for r in range(sel.seeds):
             for j, fold in enumerate(sel.folds):
-                maes[r, j] = heldout_mae(fold_predictor(sel, args.work, name, fold, k, r), queries[fold])
+                maes[r, j] = capped_mae(fold_predictor(sel, args.work, name, fold, k, r), queries[fold])
                 print(f"[select] {label(name, k)} replicate {r} fold {'+'.join(fold)}: "
                       f"held-out MAE {maes[r, j]:.2f}", flush=True)
         rows.append({"name": label(name, k), "epochs": overrides["max_epochs"], "prior": overrides["prior"],

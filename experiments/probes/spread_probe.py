@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.probes.common import probe_parser, save_table
+from experiments.probes.common import capped_mae, probe_parser, save_table
 from experiments.probes.select_predictor import (
     add_grid_flags,
     held_out_fold,
@@ -55,7 +55,6 @@ from mara_fm.eval_predictor import (
     crossing_samples,
     make_queries,
     reference_curves,
-    score,
 )
 from mara_fm.fm_data import split_curves
 from mara_fm.predictors import FMPredictor, RecallPredictor, SampledPredictor
@@ -73,7 +72,7 @@ def scores(predictor: SampledPredictor, q: Queries) -> dict[str, float]:
     """Capped MAE, CRPS, largest calibration deviation and the shares at the first and last k."""
     samples = crossing_samples(predictor, q, predictor.samples)
     cal = calibration(samples, q)
-    return {"mae": score(predictor.remaining_batches(q.hist, q.eps, q.horizon), q)["capped_mae"],
+    return {"mae": capped_mae(predictor, q),
             "crps": cal["crps"], "dev": cal["calibration_max_dev"],
             "first": cal["reliability"][0], "last": cal["reliability"][-1]}
 

@@ -52,13 +52,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.probes.common import probe_parser, save_table, success
+from experiments.probes.common import capped_mae, probe_parser, save_table, success
 from experiments.probes.select_predictor import (
     add_grid_flags,
     fold_predictor,
     full_predictor,
     heldout_curves,
-    heldout_mae,
     heldout_queries,
     label,
     parse_selection,
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> Path:
                 with torch_threads(1):
                     row = {kind: success_over_draws(cfg, episodes, predictor, draws, planner)
                            for kind, planner in PLANNERS.items()}
-                row["mae"] = heldout_mae(predictor, queries)
+                row["mae"] = capped_mae(predictor, queries)
                 row["calib"], curve = heldout_calibration(predictor, queries)
                 rows[shown].setdefault(fold, []).append(row)
                 shares[shown].append(curve)
